@@ -1,0 +1,38 @@
+"""The one small interface every engine implements: validate, generate, abort, health."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from handlers.engine.types import GenerationRequest, RequestOutput
+
+
+class Engine(Protocol):
+    model_name: str
+    max_model_len: int
+    tokenizer: Any  # a Hugging Face tokenizer (encode/decode/apply_chat_template)
+
+    def is_ready(self) -> bool:
+        """True once the engine can serve (the model is loaded and the loop runs)."""
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Tokenize and check a request before admission; raise RequestValidationError.
+
+        Fills `request.prompt_token_ids` (truncated as `params.truncate` asks).
+        """
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        """Stream the request's progress; the last output has `finished=True`.
+
+        Closing the iterator early (a client went away) aborts the request.
+        """
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free its batch slot and cache."""
+
+    async def start(self) -> None:
+        """Start the background loop (after the model is loaded)."""
+
+    async def shutdown(self) -> None:
+        """Stop the loop; requests still running finish with an abort."""

@@ -1,0 +1,143 @@
+"""The engine's request and output types: the one vocabulary every protocol and engine shares.
+
+Protocols parse their bodies into a `GenerationRequest`; engines stream `RequestOutput`s back.
+Nothing here knows about HTTP or any wire format.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class FinishReason(str, Enum):
+    """Why a sequence stopped, in LMI's vocabulary (protocols map it to their own)."""
+
+    LENGTH = "length"
+    EOS = "eos_token"
+    STOP = "stop_sequence"
+    ERROR = "error"
+    ABORT = "abort"
+
+
+class RequestValidationError(ValueError):
+    """A request the engine refuses before admission; `field` names the offending parameter."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding settings. Defaults are LMI's; 0 / 1.0 / None mean "off"."""
+
+    max_new_tokens: int = 30
+    min_new_tokens: int = 0
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k filtering
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    stop_sequences: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    truncate: int | None = None  # keep only the last `truncate` prompt tokens
+    top_logprobs: int = 0  # alternatives reported per generated token
+    prompt_logprobs: bool = False  # log-probabilities of the prompt tokens
+    n: int = 1  # sequences returned
+    best_of: int | None = None  # sequences generated (>= n); the best n by log-probability win
+
+    @property
+    def num_sequences(self) -> int:
+        return max(self.n, self.best_of or 1)
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to complete. `prompt_token_ids` is filled by `Engine.validate`."""
+
+    prompt: str
+    params: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    prompt_token_ids: list[int] | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class TopToken:
+    id: int
+    text: str
+    logprob: float
+
+
+@dataclass
+class Token:
+    """One generated (or prompt) token.
+
+    `text` is the text this token released: usually its own piece, "" while a multi-byte
+    character or a possible stop string is incomplete, and the held-back text once it resolves.
+    The concatenation of a sequence's token texts is always its generated text.
+    """
+
+    id: int
+    text: str
+    logprob: float | None
+    special: bool = False
+    top: list[TopToken] = field(default_factory=list)
+
+
+@dataclass
+class SequenceOutput:
+    """What one sequence of a request produced in one engine step."""
+
+    index: int
+    tokens: list[Token]
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    cumulative_logprob: float = 0.0
+    generated_tokens: int = 0  # total so far, including `tokens`
+
+    @property
+    def text(self) -> str:
+        return "".join(t.text for t in self.tokens)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    batch_size: int = 0  # running batch size when the request was last stepped
+
+    @property
+    def queue_time(self) -> float:
+        return (self.first_scheduled_time or self.arrival_time) - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    """An engine step's progress on one request: only the sequences that moved are listed."""
+
+    request_id: str
+    outputs: list[SequenceOutput]
+    prompt_token_count: int
+    metrics: RequestMetrics
+    finished: bool = False
+    prompt_logprobs: list[Token] | None = None  # on the first output, when asked for
