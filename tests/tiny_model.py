@@ -1,0 +1,44 @@
+"""A tiny random-weight Llama with the real SmolLM2 tokenizer, for fast engine tests.
+
+The tokenizer comes from the embedded default GGUF through the loader's conversion cache
+($LMI_CACHE_DIR, else ~/.cache/lmi-serve): the first call converts the GGUF (~30 s), later ones
+read the cache. The weights are fixed by a seed, so every call writes the same model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from handlers.engine.loader import cached_gguf_dir, default_model_path
+
+TINY_SEED = 1234
+
+
+def make_tiny_model_dir(path: Path, cache_dir: Path | None = None) -> Path:
+    """Write a 2-layer, 64-wide Llama (max_position_embeddings 512) and the SmolLM2 tokenizer
+    (chat template included) into `path`, a directory `load_model` accepts; return `path`."""
+    tokenizer = AutoTokenizer.from_pretrained(
+        cached_gguf_dir(default_model_path(), cache_dir), local_files_only=True
+    )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
+        torch.manual_seed(TINY_SEED)
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
