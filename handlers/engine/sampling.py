@@ -1,0 +1,287 @@
+"""Batched per-request logits processing and sampling.
+
+Each row of a decode step's logits belongs to a different sequence with its own `SamplingParams`;
+`sample` processes and samples all rows at once, vectorized across rows. The order is vLLM's, with
+Hugging Face's typical_p (which vLLM lacks) last, where Hugging Face applies it:
+
+1. every row: min_new_tokens masking, logit_bias, repetition / frequency / presence penalties;
+2. greedy rows (`do_sample=False`, or a temperature below 1e-5 as in vLLM): argmax;
+3. sampled rows: temperature, min_p, top_k, top_p, typical_p, then one draw per row.
+
+Reported log-probabilities are the log-softmax of the model's raw logits, before any of the
+processing above (vLLM's default "raw_logprobs"): they do not depend on a request's temperature,
+penalties or filters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import TypicalLogitsWarper
+
+from handlers.engine.types import RequestValidationError, SamplingParams
+
+_SAMPLING_EPS = 1e-5  # a lower temperature means greedy, as in vLLM
+_WINDOW = 256  # top-k / top-p look first among this many most likely tokens (see _nucleus)
+_PROMPT_CHUNK = 256  # prompt positions log-softmaxed at once, to bound memory on long prompts
+
+
+class SequenceSampler:
+    """One sequence's sampling state: its settings, seeded generator and generated-token counts.
+
+    Create it when the sequence starts; call `append` with every token it generates. Parameters
+    that would break a whole batch step (ids outside the vocabulary, non-positive top_p...) raise
+    `RequestValidationError` here, so only this request fails.
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        eos_token_ids: set[int],
+        vocab_size: int,
+        device: torch.device,
+        seed_offset: int = 0,
+    ) -> None:
+        validate_params(params, vocab_size)
+        self.params = params
+        self.generated = 0
+        self.sampled = params.do_sample and params.temperature >= _SAMPLING_EPS
+        self.generator: torch.Generator | None = None
+        if self.sampled and params.seed is not None:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(params.seed + seed_offset)
+        stops = {*eos_token_ids, *params.stop_token_ids}
+        self._stop_ids = _ids([t for t in sorted(stops) if 0 <= t < vocab_size], device)
+        self._bias_ids = _ids(list(params.logit_bias), device)
+        self._bias = torch.tensor(list(params.logit_bias.values()), device=device)
+        self._counts: torch.Tensor | None = None  # output-token counts: frequency / presence
+        self._seen: torch.Tensor | None = None  # prompt and output tokens: repetition penalty
+        if params.frequency_penalty or params.presence_penalty:
+            self._counts = torch.zeros(vocab_size, device=device)
+        if params.repetition_penalty != 1.0:
+            self._seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self._seen[_ids(prompt_token_ids, device)] = True
+
+    def append(self, token_id: int) -> None:
+        """Record a generated token (for the penalties and min_new_tokens)."""
+        self.generated += 1
+        if self._counts is not None:
+            self._counts[token_id] += 1
+        if self._seen is not None:
+            self._seen[token_id] = True
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]  # chosen token per row
+    logprobs: list[float]  # raw log-prob of the chosen token per row
+    top: list[list[tuple[int, float]]]  # per row, its top `top_logprobs` (id, raw log-prob)
+
+
+def sample(logits: torch.Tensor, samplers: list[SequenceSampler]) -> SampleResult:
+    """Choose every row's next token with its own sequence's settings.
+
+    `logits` is [B, V] float32 (row i for `samplers[i]`) and is not modified. The log-probs in the
+    result are those of these raw logits (log-softmax before any processing), as vLLM reports
+    them by default; `top` lists each row's most likely raw alternatives, best first.
+    """
+    logprobs = logits.log_softmax(-1)
+    processed = _process(logits, samplers)
+    rows = [i for i, s in enumerate(samplers) if s.sampled]
+    if len(rows) == len(samplers):
+        tokens = _draw(processed, samplers)
+    else:
+        tokens = processed.argmax(-1)
+        if rows:
+            index = torch.tensor(rows, device=logits.device)
+            tokens[index] = _draw(processed[index], [samplers[i] for i in rows])
+    return _result(tokens, logprobs, samplers)
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int]) -> list[float | None]:
+    """Log-prob of each prompt token given its prefix; None for the first token.
+
+    `logits` are the prefill's [L, V] scores, row i predicting prompt token i + 1.
+    """
+    targets = _ids(prompt_token_ids[1:], logits.device).unsqueeze(1)
+    values: list[float] = []
+    for start in range(0, len(targets), _PROMPT_CHUNK):
+        chunk = logits[start : start + _PROMPT_CHUNK].float().log_softmax(-1)
+        values += chunk.gather(1, targets[start : start + _PROMPT_CHUNK]).squeeze(1).tolist()
+    return [None, *values] if prompt_token_ids else []
+
+
+def validate_params(params: SamplingParams, vocab_size: int) -> None:
+    checks = [
+        ("temperature", params.temperature >= 0, "must be >= 0"),
+        ("top_p", 0 < params.top_p <= 1, "must be in (0, 1]"),
+        ("typical_p", 0 < params.typical_p <= 1, "must be in (0, 1]"),
+        ("min_p", 0 <= params.min_p <= 1, "must be in [0, 1]"),
+        ("repetition_penalty", params.repetition_penalty > 0, "must be > 0"),
+        ("logit_bias", all(0 <= t < vocab_size for t in params.logit_bias), "has an unknown id"),
+    ]
+    for name, ok, message in checks:
+        if not ok:
+            raise RequestValidationError(name, f"{name} {message}")
+
+
+def _ids(token_ids: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(token_ids, dtype=torch.long, device=device)
+
+
+def _process(logits: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
+    """Apply min_new_tokens, logit_bias and the penalties; a copy, or `logits` when none apply."""
+    early = [i for i, s in enumerate(samplers) if s.generated < s.params.min_new_tokens]
+    stops = [(i, samplers[i]._stop_ids) for i in early]
+    biased = [(i, s._bias_ids) for i, s in enumerate(samplers) if s.params.logit_bias]
+    repeat = [i for i, s in enumerate(samplers) if s._seen is not None]
+    counted = [i for i, s in enumerate(samplers) if s._counts is not None]
+    if not (stops or biased or repeat or counted):
+        return logits
+    logits = logits.clone()
+    if stops:
+        logits[_coordinates(stops)] = -math.inf
+    if biased:
+        bias = torch.cat([samplers[i]._bias for i, _ in biased])
+        logits.index_put_(_coordinates(biased), bias, accumulate=True)
+    if repeat:
+        _repetition_penalty(logits, repeat, samplers)
+    if counted:
+        _frequency_presence_penalty(logits, counted, samplers)
+    return logits
+
+
+def _coordinates(entries: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) index tensors addressing the given token ids of the given rows."""
+    rows = torch.cat([torch.full_like(ids, i) for i, ids in entries])
+    return rows, torch.cat([ids for _, ids in entries])
+
+
+def _repetition_penalty(logits: torch.Tensor, rows: list[int], samplers: list) -> None:
+    """HF / CTRL: a seen token's logit is divided by the penalty if positive, else multiplied."""
+    index = torch.tensor(rows, device=logits.device)
+    seen = torch.stack([samplers[i]._seen for i in rows])
+    penalty = _column([samplers[i].params.repetition_penalty for i in rows], logits.device)
+    scores = logits[index]
+    penalized = torch.where(scores > 0, scores / penalty, scores * penalty)
+    logits[index] = torch.where(seen, penalized, scores)
+
+
+def _frequency_presence_penalty(logits: torch.Tensor, rows: list[int], samplers: list) -> None:
+    """OpenAI / vLLM: logit -= frequency * count + presence * (count > 0), output tokens only."""
+    index = torch.tensor(rows, device=logits.device)
+    counts = torch.stack([samplers[i]._counts for i in rows])
+    frequency = _column([samplers[i].params.frequency_penalty for i in rows], logits.device)
+    presence = _column([samplers[i].params.presence_penalty for i in rows], logits.device)
+    logits[index] -= frequency * counts + presence * (counts > 0)
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+def _draw(logits: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
+    """Sample one token per row of processed logits with the row's own filters and generator."""
+    temperature = _column([s.params.temperature for s in samplers], logits.device)
+    probs = (logits / temperature).softmax(-1)
+    probs = _min_p(probs, samplers)
+    probs = _top_k_top_p(probs, samplers)
+    probs = _typical_p(probs, samplers)
+    return _inverse_cdf(probs, _uniforms(samplers, logits.device))
+
+
+def _min_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
+    """vLLM's min_p: drop tokens less likely than min_p times the row's most likely one."""
+    min_p = [s.params.min_p for s in samplers]
+    if not any(min_p):
+        return probs
+    threshold = probs.amax(-1, keepdim=True) * _column(min_p, probs.device)
+    return probs.masked_fill(probs < threshold, 0.0)
+
+
+def _top_k_top_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
+    """Zero, in the rows that ask, the tokens outside top_k and then outside the top_p nucleus."""
+    vocab = probs.shape[-1]
+    top_k = [s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in samplers]
+    rows = [i for i, s in enumerate(samplers) if top_k[i] < vocab or s.params.top_p < 1]
+    if not rows:
+        return probs
+    k = _ids([top_k[i] for i in rows], probs.device).unsqueeze(1)
+    top_p = [samplers[i].params.top_p for i in rows]
+    p = _column([v if v < 1 else math.inf for v in top_p], probs.device)
+    window = min(vocab, max([_WINDOW, *(top_k[i] for i in rows if top_k[i] < vocab)]))
+    if len(rows) == len(samplers):
+        return _nucleus(probs, k, p, window)
+    index = torch.tensor(rows, device=probs.device)
+    probs[index] = _nucleus(probs[index], k, p, window)
+    return probs
+
+
+def _nucleus(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor, window: int) -> torch.Tensor:
+    """HF / vLLM top-k (ties with the k-th kept) then top-p (keep the most likely tokens until
+    they hold p of the remaining mass, the one crossing p included) on unnormalized `probs`.
+
+    Only the `window` most likely tokens are ranked (a topk, far cheaper than sorting the
+    vocabulary on CPU); rows whose nucleus may reach past the window are redone with a wider one.
+    `k` is [R, 1] (the vocabulary size when off, else at most `window`), `p` [R, 1] (inf when off).
+    """
+    vocab = probs.shape[-1]
+    values, ids = probs.topk(window)
+    kth = values.gather(1, (k - 1).clamp(max=window - 1))
+    values = values.masked_fill((values < kth) & (k <= window), 0.0)
+    cumulative = values.cumsum(-1)
+    mass = torch.where(k <= window, cumulative[:, -1:], probs.sum(-1, keepdim=True))
+    limit = p * mass
+    values = values.masked_fill(cumulative - values >= limit, 0.0)
+    kept = torch.zeros_like(probs).scatter_(1, ids, values)
+    short = ((k > window) & (cumulative[:, -1:] < limit)).squeeze(1)
+    if window < vocab and bool(short.any()):
+        redo = short.nonzero().squeeze(1)
+        kept[redo] = _nucleus(probs[redo], k[redo], p[redo], min(vocab, window * 8))
+    return kept
+
+
+def _typical_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
+    """Hugging Face's typical_p (its own warper), one call per distinct mass in the batch."""
+    for mass in {s.params.typical_p for s in samplers if s.params.typical_p < 1}:
+        rows = [i for i, s in enumerate(samplers) if s.params.typical_p == mass]
+        index = torch.tensor(rows, device=probs.device)
+        scores = TypicalLogitsWarper(mass)(None, probs[index].log())
+        probs[index] = probs[index].masked_fill(scores.isneginf(), 0.0)
+    return probs
+
+
+def _uniforms(samplers: list[SequenceSampler], device: torch.device) -> torch.Tensor:
+    """One uniform per row; a seeded row's comes from its own generator, so that its tokens do
+    not depend on what else is in the batch or where its row sits."""
+    u = torch.rand(len(samplers), 1, dtype=torch.float64, device=device)
+    for i, s in enumerate(samplers):
+        if s.generator is not None:
+            u[i] = torch.rand(1, generator=s.generator, dtype=torch.float64, device=device)
+    return u
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token where each row's cumulative (unnormalized) distribution first exceeds u * mass.
+
+    One uniform per row instead of a vocabulary of exponential noise (~30x cheaper on CPU); float64
+    keeps the share of unlikely tokens exact. Zero-probability tokens can never be picked.
+    """
+    cdf = probs.double().cumsum(-1)
+    picks = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+    return picks.clamp_(max=probs.shape[-1] - 1)
+
+
+def _result(
+    tokens: torch.Tensor, logprobs: torch.Tensor, samplers: list[SequenceSampler]
+) -> SampleResult:
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    wanted = [min(s.params.top_logprobs, logprobs.shape[-1]) for s in samplers]
+    top: list[list[tuple[int, float]]] = [[] for _ in samplers]
+    if max(wanted, default=0):
+        values, ids = (t.tolist() for t in logprobs.topk(max(wanted)))
+        top = [list(zip(ids[i][:n], values[i][:n], strict=True)) for i, n in enumerate(wanted)]
+    return SampleResult(tokens.tolist(), chosen.tolist(), top)

@@ -1,0 +1,340 @@
+"""Continuous batching: the synchronous `step()` at the heart of the torch engine.
+
+Each step admits waiting requests while cache slots are free, runs one prefill chunk for requests
+still reading their prompt (bounded by `max_prefill_tokens`, so running sequences never stall for
+long), runs one decode pass over every running sequence, samples each row with its own settings
+and emits one output per request that moved. A finished or aborted sequence frees its slot at
+once. Running sequences always sit in slots 0..B-1 (the decode pass reads a view of the cache);
+a sequence that finishes hands its slot to the last one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from handlers.engine import sampling
+from handlers.engine.detokenize import IncrementalDetokenizer, token_text
+from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
+from handlers.engine.torch.sequence import RequestState, Sequence, make_token
+from handlers.engine.types import (
+    FinishReason,
+    GenerationRequest,
+    RequestMetrics,
+    RequestOutput,
+    SequenceOutput,
+    Token,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ContinuousBatcher:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Any,
+        eos_token_ids: set[int],
+        max_batch_size: int,
+        max_prefill_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.special_ids = set(getattr(tokenizer, "all_special_ids", []))
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[GenerationRequest] = deque()
+        self.prefilling: list[RequestState] = []  # FIFO, each holds a slot for its sequence 0
+        self.decoding: list[Sequence] = []  # decoding[i].slot == i
+        self.states: dict[str, RequestState] = {}
+        self._owner: list[Sequence | None] = [None] * max_batch_size
+        self._unstarted_failures: list[RequestOutput] = []
+
+    # -- public surface -------------------------------------------------------------------------
+
+    def add(self, request: GenerationRequest) -> None:
+        """Queue a validated request (its prompt_token_ids set)."""
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish a request now; its slots are free before this returns."""
+        for request in self.waiting:
+            if request.request_id == request_id:
+                self.waiting.remove(request)
+                return None
+        state = self.states.get(request_id)
+        if state is None:
+            return None
+        for seq in state.sequences:
+            seq.finish(FinishReason.ABORT)
+        self._release_finished()
+        return state.take_output()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    @property
+    def running(self) -> int:
+        return len(self.decoding) + len(self.prefilling)
+
+    def step(self) -> list[RequestOutput]:
+        """Admit, prefill one chunk, decode one token for every running sequence."""
+        self._admit()
+        touched: dict[str, RequestState] = {}
+        if self.prefilling:
+            self._prefill(touched)
+        if self.decoding:
+            self._decode(touched)
+        self._release_finished()
+        outputs = [out for state in touched.values() if (out := state.take_output())]
+        outputs += self._unstarted_failures
+        self._unstarted_failures = []
+        if not self.has_work:
+            self.runner.cache.shrink()
+        return outputs
+
+    # -- admission ------------------------------------------------------------------------------
+
+    def _used_slots(self) -> int:
+        return len(self.decoding) + sum(len(s.sequences) for s in self.prefilling)
+
+    def _admit(self) -> None:
+        while self.waiting:
+            request = self.waiting[0]
+            if self._used_slots() + request.params.num_sequences > self.max_batch_size:
+                return
+            self.waiting.popleft()
+            try:
+                state = self._new_state(request)
+            except Exception as exc:  # a request that cannot start fails alone
+                log.exception("request %s failed to start", request.request_id)
+                self._fail_unstarted(request, exc)
+                continue
+            first = state.sequences[0]
+            first.slot = self._free_slot()
+            self._owner[first.slot] = first
+            self.prefilling.append(state)
+            self.states[request.request_id] = state
+
+    def _new_state(self, request: GenerationRequest) -> RequestState:
+        params, prompt = request.params, request.prompt_token_ids or []
+        sequences = [
+            Sequence(
+                request_id=request.request_id,
+                params=params,
+                index=i,
+                token_ids=list(prompt),
+                sampler=sampling.SequenceSampler(
+                    params, prompt, self.eos_token_ids, self.runner.vocab_size,
+                    self.runner.device, seed_offset=i,
+                ),
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, prompt,
+                    skip_special_tokens=params.skip_special_tokens,
+                    stop_sequences=params.stop_sequences,
+                    include_stop_str_in_output=params.include_stop_str_in_output,
+                ),
+            )
+            for i in range(params.num_sequences)
+        ]
+        metrics = RequestMetrics(arrival_time=request.arrival_time,
+                                 first_scheduled_time=time.monotonic())
+        state = RequestState(request=request, sequences=sequences, metrics=metrics)
+        if params.prompt_logprobs:
+            state.prompt_logprobs = [Token(id=prompt[0], text=token_text(self.tokenizer, prompt[0]),
+                                           logprob=None, special=prompt[0] in self.special_ids)]
+        return state
+
+    def _fail_unstarted(self, request: GenerationRequest, exc: Exception) -> None:
+        error = SequenceOutput(index=0, tokens=[], finish_reason=FinishReason.ERROR,
+                               error=f"{type(exc).__name__}: {exc}")
+        self._unstarted_failures.append(RequestOutput(
+            request_id=request.request_id, outputs=[error],
+            prompt_token_count=len(request.prompt_token_ids or []),
+            metrics=RequestMetrics(arrival_time=request.arrival_time), finished=True))
+
+    def _free_slot(self) -> int:
+        return self._owner.index(None)
+
+    # -- prefill --------------------------------------------------------------------------------
+
+    def _prefill(self, touched: dict[str, RequestState]) -> None:
+        budget, chunks, states = self.max_prefill_tokens, [], []
+        for state in self.prefilling:
+            if budget <= 0:
+                break
+            seq = state.sequences[0]
+            size = min(len(state.prompt_ids) - seq.cached, budget)
+            chunks.append(PrefillChunk(slot=seq.slot, start=seq.cached,
+                                       token_ids=state.prompt_ids[seq.cached : seq.cached + size],
+                                       all_logits=state.prompt_logprobs is not None))
+            states.append(state)
+            budget -= size
+        try:
+            logits = self.runner.prefill(chunks)
+        except Exception as exc:
+            log.exception("prefill failed")
+            for state in states:
+                self._fail(state, exc, touched)
+            return
+        for state, chunk, chunk_logits in zip(states, chunks, logits, strict=True):
+            try:
+                self._after_prefill_chunk(state, chunk, chunk_logits, touched)
+            except Exception as exc:
+                log.exception("request %s failed in prefill", state.request_id)
+                self._fail(state, exc, touched)
+
+    def _after_prefill_chunk(self, state: RequestState, chunk: PrefillChunk,
+                             logits: torch.Tensor, touched: dict[str, RequestState]) -> None:
+        first = state.sequences[0]
+        first.cached += len(chunk.token_ids)
+        if state.prompt_logprobs is not None:
+            self._record_prompt_logprobs(state, chunk, logits)
+        if first.cached < len(state.prompt_ids):
+            return
+        self.prefilling.remove(state)
+        self._start_decoding(state, logits[-1:])
+        touched[state.request_id] = state
+
+    def _record_prompt_logprobs(self, state: RequestState, chunk: PrefillChunk,
+                                logits: torch.Tensor) -> None:
+        end = chunk.start + len(chunk.token_ids)
+        targets = state.prompt_ids[chunk.start : end + 1]
+        values = sampling.prompt_logprobs(logits[: len(targets) - 1], targets)[1:]
+        for token_id, logprob in zip(targets[1:], values, strict=True):
+            state.prompt_logprobs.append(Token(
+                id=token_id, text=token_text(self.tokenizer, token_id), logprob=logprob,
+                special=token_id in self.special_ids))
+
+    def _start_decoding(self, state: RequestState, logits: torch.Tensor) -> None:
+        """Move the prompt's cache into the decode region (once per sequence) and sample each
+        sequence's first token from the prompt's last logits."""
+        first = state.sequences[0]
+        source = first.slot
+        for seq in state.sequences:
+            slot = self._claim_decode_slot(exclude=source)
+            if slot != source:
+                self.runner.move(source, slot, first.cached)
+            seq.slot, seq.cached = slot, first.cached
+            self._owner[slot] = seq
+            self.decoding.append(seq)
+        if self._owner[source] is first and first.slot != source:
+            self._owner[source] = None
+        state.metrics.first_token_time = time.monotonic()
+        rows = state.sequences
+        self._sample_rows(logits.expand(len(rows), -1), rows)
+
+    def _claim_decode_slot(self, exclude: int) -> int:
+        """Slot len(decoding), after moving a prefilling sequence that sits there elsewhere."""
+        slot = len(self.decoding)
+        owner = self._owner[slot]
+        if owner is not None and slot != exclude:
+            free = self._free_slot()
+            self.runner.move(slot, free, owner.cached)
+            owner.slot = free
+            self._owner[free] = owner
+            self._owner[slot] = None
+        return slot
+
+    # -- decode ---------------------------------------------------------------------------------
+
+    def _decode(self, touched: dict[str, RequestState]) -> None:
+        rows = list(self.decoding)
+        tokens = [seq.token_ids[-1] for seq in rows]
+        lengths = [seq.cached for seq in rows]
+        try:
+            logits = self.runner.decode(tokens, lengths)
+        except Exception:
+            log.exception("decode pass over %d rows failed; retrying row by row", len(rows))
+            logits = self._decode_rows_alone(rows, tokens, lengths, touched)
+        for seq in rows:
+            seq.cached += 1
+        live = [i for i, seq in enumerate(rows) if not seq.finished]
+        if len(live) < len(rows):
+            logits, rows = logits[live], [rows[i] for i in live]
+        self._sample_rows(logits, rows)
+        for seq in rows:
+            touched[self._state_of(seq).request_id] = self._state_of(seq)
+
+    def _decode_rows_alone(self, rows, tokens, lengths, touched) -> torch.Tensor:
+        """Isolate a failing row: the rows that fail alone finish with an error; others go on."""
+        out = torch.zeros((len(rows), self.runner.vocab_size), device=self.runner.device)
+        for i, seq in enumerate(rows):
+            try:
+                out[i] = self.runner.decode([tokens[i]], [lengths[i]], first_slot=i)[0]
+            except Exception as exc:
+                self._fail(self._state_of(seq), exc, touched)
+        return out
+
+    def _sample_rows(self, logits: torch.Tensor, rows: list[Sequence]) -> None:
+        if not rows:
+            return
+        try:
+            result = sampling.sample(logits, [seq.sampler for seq in rows])
+        except Exception:
+            log.exception("batched sampling failed; sampling row by row")
+            for i, seq in enumerate(rows):
+                try:
+                    one = sampling.sample(logits[i : i + 1], [seq.sampler])
+                    self._append(seq, one.token_ids[0], one.logprobs[0], one.top[0])
+                except Exception as exc:
+                    seq.finish(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        for i, seq in enumerate(rows):
+            try:
+                self._append(seq, result.token_ids[i], result.logprobs[i], result.top[i])
+            except Exception as exc:
+                log.exception("sequence failed while appending a token")
+                seq.finish(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _append(self, seq: Sequence, token_id: int, logprob: float,
+                top: list[tuple[int, float]]) -> None:
+        """Record a sampled token, release its text, and decide whether the sequence stops."""
+        params = seq.params
+        seq.token_ids.append(token_id)
+        seq.generated += 1
+        seq.cumulative_logprob += logprob
+        seq.sampler.append(token_id)
+        text = seq.detokenizer.add(token_id)
+        seq.pending.append(make_token(self.tokenizer, token_id, text, logprob, top,
+                                      self.special_ids))
+        if token_id in self.eos_token_ids and not params.ignore_eos:
+            seq.finish(FinishReason.EOS)
+        elif token_id in params.stop_token_ids or seq.detokenizer.stopped:
+            seq.finish(FinishReason.STOP)
+        elif seq.generated >= params.max_new_tokens or len(seq.token_ids) >= self.max_model_len:
+            seq.finish(FinishReason.LENGTH)
+
+    # -- finishing ------------------------------------------------------------------------------
+
+    def _state_of(self, seq: Sequence) -> RequestState:
+        return self.states[seq.request_id]
+
+    def _fail(self, state: RequestState, exc: Exception, touched: dict[str, RequestState]) -> None:
+        for seq in state.sequences:
+            seq.finish(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+        touched[state.request_id] = state
+
+    def _release_finished(self) -> None:
+        """Free the slots of finished sequences, keeping running ones in slots 0..B-1."""
+        for seq in sorted((s for s in self.decoding if s.finished), key=lambda s: -s.slot):
+            last = self.decoding.pop()
+            self._owner[last.slot] = None
+            if last is not seq:
+                self.runner.move(last.slot, seq.slot, last.cached)
+                last.slot = seq.slot
+                self.decoding[seq.slot] = last
+                self._owner[seq.slot] = last
+        for state in [s for s in self.prefilling if s.finished]:
+            self.prefilling.remove(state)
+            self._owner[state.sequences[0].slot] = None
+        for request_id in [r for r, s in self.states.items() if s.finished]:
+            del self.states[request_id]

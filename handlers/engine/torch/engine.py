@@ -1,0 +1,176 @@
+"""The torch engine: a background thread drives `ContinuousBatcher.step()`; asyncio callers
+submit requests and read their outputs from per-request queues.
+
+torch releases the GIL inside its kernels, so the event loop keeps serving HTTP while a step
+runs. All batcher state is touched only by the engine thread; callers talk to it through a
+thread-safe inbox (new requests, aborts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from handlers.engine import sampling
+from handlers.engine.loader import LoadedModel
+from handlers.engine.torch.batcher import ContinuousBatcher
+from handlers.engine.torch.model_runner import ModelRunner
+from handlers.engine.types import (
+    GenerationRequest,
+    RequestOutput,
+    RequestValidationError,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Submit:
+    request: GenerationRequest
+    sink: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class TorchEngine:
+    """Continuous batching over a Hugging Face causal LM (CPU by default, CUDA when present)."""
+
+    def __init__(self, loaded: LoadedModel, max_batch_size: int = 32,
+                 max_prefill_tokens: int = 512) -> None:
+        self.model_name = loaded.name
+        self.tokenizer: Any = loaded.tokenizer
+        self.max_model_len = loaded.max_model_len
+        self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
+        runner = ModelRunner(loaded.model, max_batch_size, loaded.max_model_len)
+        self.batcher = ContinuousBatcher(
+            runner, loaded.tokenizer, loaded.eos_token_ids, max_batch_size,
+            max_prefill_tokens, loaded.max_model_len,
+        )
+        self._inbox: queue.SimpleQueue[_Submit | _Abort | None] = queue.SimpleQueue()
+        self._sinks: dict[str, _Submit] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- the Engine interface -------------------------------------------------------------------
+
+    def is_ready(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def validate(self, request: GenerationRequest) -> None:
+        params = request.params
+        sampling.validate_params(params, self.vocab_size)
+        ids = self.tokenizer.encode(request.prompt, add_special_tokens=False) \
+            if request.prompt_token_ids is None else list(request.prompt_token_ids)
+        if params.truncate is not None and len(ids) > params.truncate:
+            ids = ids[-params.truncate:]
+        if not ids:
+            raise RequestValidationError("inputs", "the prompt is empty after tokenization")
+        if len(ids) >= self.max_model_len:
+            raise RequestValidationError(
+                "inputs",
+                f"the prompt is {len(ids)} tokens, but the model's context is "
+                f"{self.max_model_len} tokens (prompt and generated tokens together)",
+            )
+        if params.num_sequences > self.batcher.max_batch_size:
+            raise RequestValidationError(
+                "best_of" if params.best_of else "n",
+                f"{params.num_sequences} sequences exceed max_rolling_batch_size "
+                f"{self.batcher.max_batch_size}",
+            )
+        request.prompt_token_ids = ids
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        if request.prompt_token_ids is None:
+            self.validate(request)
+        if not self.is_ready():
+            raise RuntimeError("the engine is not running")
+        sink: asyncio.Queue = asyncio.Queue()
+        self._inbox.put(_Submit(request, sink, asyncio.get_running_loop()))
+        finished = False
+        try:
+            while not finished:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:  # the caller went away (disconnect, cancellation): free the slot
+                self._inbox.put(_Abort(request.request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    async def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        self._inbox.put(None)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    # -- the engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                if not self._drain_inbox(block=not self.batcher.has_work):
+                    break
+                if not self.batcher.has_work:
+                    continue
+                try:
+                    outputs = self.batcher.step()
+                except Exception as exc:  # a bug in the step itself: fail what is running
+                    log.exception("engine step failed")
+                    self._fail_all(exc)
+                    continue
+                for output in outputs:
+                    self._deliver(output)
+        self._fail_all(RuntimeError("the engine shut down"))
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply pending submissions and aborts; False once shutdown was asked for."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if item is None:
+                return False
+            if isinstance(item, _Submit):
+                self._sinks[item.request.request_id] = item
+                self.batcher.add(item.request)
+            else:
+                output = self.batcher.abort(item.request_id)
+                self._sinks.pop(item.request_id, None)
+                if output is not None:
+                    log.info("aborted request %s", item.request_id)
+
+    def _deliver(self, output: RequestOutput | BaseException, request_id: str = "") -> None:
+        rid = output.request_id if isinstance(output, RequestOutput) else request_id
+        submit = self._sinks.get(rid)
+        if submit is None:
+            return
+        if not isinstance(output, RequestOutput) or output.finished:
+            del self._sinks[rid]
+        submit.loop.call_soon_threadsafe(submit.sink.put_nowait, output)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for request_id in list(self._sinks):
+            self.batcher.abort(request_id)
+            self._deliver(exc, request_id)
+

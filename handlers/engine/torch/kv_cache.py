@@ -1,0 +1,81 @@
+"""A slot-based KV cache: one row of preallocated key/value buffers per running sequence.
+
+Decoding rows always occupy slots 0..B-1, so attention reads a view of the buffers, never a copy.
+The length dimension grows by doubling when a sequence outgrows it (rare: O(log n) copies).
+Hugging Face attention layers call `update(k, v, layer_idx)`; which slots and positions a forward
+pass writes is set beforehand with `bind()`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        initial_len: int = 256,
+        max_len: int = 8192,
+    ) -> None:
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.initial_len = min(initial_len, max_len)
+        shape = (num_slots, num_kv_heads, self.initial_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._rows: slice | torch.Tensor = slice(0, 0)
+        self._write_index: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._read_len = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def reserve(self, length: int) -> None:
+        """Make room for positions < length (doubling), keeping every slot's contents."""
+        if length <= self.capacity:
+            return
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds the cache's {self.max_len}")
+        new_len = min(self.max_len, max(length, 2 * self.capacity))
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                grown = old.new_zeros((*old.shape[:2], new_len, old.shape[3]))
+                grown[:, :, : old.shape[2]] = old
+                buffers[i] = grown
+
+    def shrink(self) -> None:
+        """Give grown memory back; only while no sequence holds a slot."""
+        if self.capacity > self.initial_len:
+            for buffers in (self.keys, self.values):
+                for i, old in enumerate(buffers):
+                    buffers[i] = old[:, :, : self.initial_len].clone()
+
+    def bind(self, rows: slice | torch.Tensor, positions: torch.Tensor, read_len: int) -> None:
+        """Set the slots the next forward pass uses (a slice for contiguous rows: attention then
+        reads a view; else an index tensor: a gather), the positions [B, T] it writes, and how
+        many positions attention reads."""
+        self.reserve(max(read_len, int(positions.max()) + 1))
+        index = rows if isinstance(rows, torch.Tensor) else torch.arange(rows.start, rows.stop)
+        self._rows, self._read_len = rows, read_len
+        self._write_index = (index.to(positions.device)[:, None].expand_as(positions), positions)
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: object):
+        """Write this pass's keys/values [B, H, T, D] and return what attention reads."""
+        rows, positions = self._write_index
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        k_buf[rows, :, positions] = key.transpose(1, 2)
+        v_buf[rows, :, positions] = value.transpose(1, 2)
+        return k_buf[self._rows, :, : self._read_len], v_buf[self._rows, :, : self._read_len]
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` positions of one slot into another (compaction, forking)."""
+        for buffers in (self.keys, self.values):
+            for buf in buffers:
+                buf[dst, :, :length] = buf[src, :, :length]

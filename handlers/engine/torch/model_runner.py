@@ -1,0 +1,107 @@
+"""Forward passes over a Hugging Face causal LM with a slot KV cache: prefill chunks and decode.
+
+Every sequence owns one cache slot. A decode pass runs the rows in slots 0..B-1 with one new token
+each; a prefill pass runs a chunk of prompt tokens for a few sequences, padded to the longest chunk.
+Both pass an explicit 4D additive attention mask and explicit positions, so rows of different
+lengths share one batch without any left padding in the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from handlers.engine.torch.kv_cache import SlotKVCache
+
+
+@dataclass
+class PrefillChunk:
+    slot: int
+    token_ids: list[int]  # the chunk's tokens
+    start: int  # position of the chunk's first token
+    all_logits: bool = False  # logits for every chunk position (prompt logprobs), not just the last
+
+
+class ModelRunner:
+    def __init__(self, model: PreTrainedModel, num_slots: int, max_len: int) -> None:
+        self.model = model
+        config = model.config.get_text_config()
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        self.device = model.device
+        self.dtype = model.dtype
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.num_slots = num_slots
+        self.cache = SlotKVCache(
+            num_layers=config.num_hidden_layers,
+            num_slots=num_slots,
+            num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
+            head_dim=head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            max_len=max_len,
+        )
+        self._decoder = model.get_decoder()
+        self._lm_head = model.get_output_embeddings()
+        self._neg_inf = torch.finfo(self.dtype).min
+
+    @torch.inference_mode()
+    def decode(self, token_ids: list[int], lengths: list[int], first_slot: int = 0) -> torch.Tensor:
+        """One token for each row in the contiguous slots first_slot.., whose `lengths` tokens are
+        cached already. Returns float32 logits [B, V]."""
+        ids = torch.tensor(token_ids, device=self.device)[:, None]
+        lens = torch.tensor(lengths, device=self.device)
+        read_len = int(lens.max()) + 1
+        keys = torch.arange(read_len, device=self.device)
+        mask = self._additive(keys[None, :] <= lens[:, None])[:, None, None, :]
+        self.cache.bind(slice(first_slot, first_slot + len(token_ids)), lens[:, None], read_len)
+        hidden = self._forward(ids, lens[:, None], mask)
+        return self._lm_head(hidden[:, -1]).float()
+
+    @torch.inference_mode()
+    def prefill(self, chunks: list[PrefillChunk]) -> list[torch.Tensor]:
+        """Run prompt chunks; returns per chunk float32 logits [1, V] (last position) or
+        [len, V] (every position, when `all_logits`)."""
+        width = max(len(c.token_ids) for c in chunks)
+        ids = torch.zeros((len(chunks), width), dtype=torch.long, device=self.device)
+        starts = torch.tensor([c.start for c in chunks], device=self.device)
+        sizes = torch.tensor([len(c.token_ids) for c in chunks], device=self.device)
+        for row, chunk in enumerate(chunks):
+            ids[row, : len(chunk.token_ids)] = torch.tensor(chunk.token_ids)
+        offsets = torch.arange(width, device=self.device)
+        positions = starts[:, None] + offsets[None, :]  # padded queries write past the end: unread
+        read_len = int(positions.max()) + 1
+        keys = torch.arange(read_len, device=self.device)
+        visible = keys[None, None, :] <= positions[:, :, None]
+        # A padded query attends to key 0 only, so its softmax stays finite.
+        visible &= (offsets[None, :, None] < sizes[:, None, None]) | (keys[None, None, :] == 0)
+        mask = self._additive(visible)[:, None]
+        slots = torch.tensor([c.slot for c in chunks], device=self.device)
+        self.cache.bind(slots, positions, read_len)
+        hidden = self._forward(ids, positions, mask)
+        logits = []
+        for row, chunk in enumerate(chunks):
+            n = len(chunk.token_ids)
+            rows = hidden[row, :n] if chunk.all_logits else hidden[row, n - 1 : n]
+            logits.append(self._lm_head(rows).float())
+        return logits
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        out = self._decoder(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=mask,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        return torch.where(visible, zero, self._neg_inf)
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.cache.copy_slot(src, dst, length)
