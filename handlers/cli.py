@@ -33,7 +33,12 @@ def main(argv: list[str] | None = None) -> None:
 
 async def serve(config: Config) -> int:
     engine = DeferredEngine(config.model_name)
-    app = create_app(engine, ServerSettings.from_config(config))
+    app = create_app(engine, ServerSettings(
+        model_name=config.model_name,
+        output_formatter=config.output_formatter,
+        tgi_compat=config.tgi_compat,
+        max_request_size=config.max_request_size,
+    ))
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level.lower(),
         timeout_graceful_shutdown=30,

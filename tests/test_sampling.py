@@ -29,7 +29,9 @@ def _global_seed() -> None:
     torch.manual_seed(0)  # unseeded rows draw from the global RNG: keep the tests repeatable
 
 
-def make(prompt: list[int] = (), vocab: int = V, seed_offset: int = 0, **params) -> SequenceSampler:
+def make(
+    prompt: tuple[int, ...] = (), vocab: int = V, seed_offset: int = 0, **params
+) -> SequenceSampler:
     return SequenceSampler(SamplingParams(**params), list(prompt), {EOS}, vocab, CPU, seed_offset)
 
 
@@ -131,11 +133,11 @@ def test_top_p_nucleus_wider_than_the_ranking_window() -> None:
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
     row = torch.full((V,), -10.0)
     row[1], row[2] = 2.0, 1.5
-    assert choice(row, make(prompt=[1], repetition_penalty=1.2)) == 1  # 2.0 / 1.2 > 1.5
-    assert choice(row, make(prompt=[1], repetition_penalty=1.4)) == 2  # 2.0 / 1.4 < 1.5
+    assert choice(row, make(prompt=(1,), repetition_penalty=1.2)) == 1  # 2.0 / 1.2 > 1.5
+    assert choice(row, make(prompt=(1,), repetition_penalty=1.4)) == 2  # 2.0 / 1.4 < 1.5
     row[1], row[2] = -1.0, -1.1
-    assert choice(row, make(prompt=[1], repetition_penalty=1.05)) == 1  # -1.05 > -1.1
-    assert choice(row, make(prompt=[1], repetition_penalty=1.2)) == 2  # -1.2 < -1.1
+    assert choice(row, make(prompt=(1,), repetition_penalty=1.05)) == 1  # -1.05 > -1.1
+    assert choice(row, make(prompt=(1,), repetition_penalty=1.2)) == 2  # -1.2 < -1.1
     generated = make(repetition_penalty=1.2)
     assert choice(row, generated) == 1
     generated.append(1)  # generated tokens count as seen too
@@ -154,7 +156,7 @@ def test_frequency_and_presence_penalties_count_output_tokens_only() -> None:
         ({"frequency_penalty": 0.3, "presence_penalty": 0.5}, 2),  # 3 - 0.6 - 0.5 = 1.9
     ]
     for params, expected in cases:
-        sampler = make(prompt=[1, 1, 1, 1], **params)
+        sampler = make(prompt=(1, 1, 1, 1), **params)
         assert choice(row, sampler) == 1  # prompt occurrences do not count
         sampler.append(1)
         sampler.append(1)
@@ -249,7 +251,7 @@ def test_logprobs_are_the_raw_log_softmax() -> None:
     original = logits.clone()
     samplers = [
         make(do_sample=True, temperature=0.3, top_k=3),
-        make(repetition_penalty=2.0, prompt=[int(logits[1].argmax())]),
+        make(repetition_penalty=2.0, prompt=(int(logits[1].argmax()),)),
         make(logit_bias={5: 50.0}),
         make(do_sample=True, top_p=0.5, frequency_penalty=1.0),
     ]

@@ -16,6 +16,7 @@ penalties or filters.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -52,30 +53,49 @@ class SequenceSampler:
         self.generator: torch.Generator | None = None
         if self.sampled and params.seed is not None:
             self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(params.seed + seed_offset)
+            self.generator.manual_seed((params.seed + seed_offset) % 2**64)
         stops = {*eos_token_ids, *params.stop_token_ids}
         self._stop_ids = _ids([t for t in sorted(stops) if 0 <= t < vocab_size], device)
         self._bias_ids = _ids(list(params.logit_bias), device)
         self._bias = torch.tensor(list(params.logit_bias.values()), device=device)
-        self._counts: torch.Tensor | None = None  # output-token counts: frequency / presence
-        self._seen: torch.Tensor | None = None  # prompt and output tokens: repetition penalty
-        if params.frequency_penalty or params.presence_penalty:
-            self._counts = torch.zeros(vocab_size, device=device)
+        self._seen: _Occurrences | None = None  # prompt and output tokens: repetition penalty
+        self._output: _Occurrences | None = None  # output tokens: frequency / presence penalties
         if params.repetition_penalty != 1.0:
-            self._seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            self._seen[_ids(prompt_token_ids, device)] = True
+            self._seen = _Occurrences(prompt_token_ids, device)
+        if params.frequency_penalty or params.presence_penalty:
+            self._output = _Occurrences([], device)
 
     def append(self, token_id: int) -> None:
         """Record a generated token (for the penalties and min_new_tokens)."""
         self.generated += 1
-        if self._counts is not None:
-            self._counts[token_id] += 1
-        if self._seen is not None:
-            self._seen[token_id] = True
+        for occurrences in (self._seen, self._output):
+            if occurrences is not None:
+                occurrences.add(token_id)
+
+
+class _Occurrences:
+    """The distinct tokens of a sequence and how often each occurred, kept as small tensors that
+    grow with the sequence: the penalties then touch only these tokens, not the vocabulary."""
+
+    def __init__(self, token_ids: list[int], device: torch.device) -> None:
+        counts = Counter(token_ids)
+        self._position = {token: i for i, token in enumerate(counts)}
+        self.ids = _ids(list(counts), device)
+        self.counts = torch.tensor(list(counts.values()), dtype=torch.float32, device=device)
+
+    def add(self, token_id: int) -> None:
+        position = self._position.setdefault(token_id, len(self._position))
+        if position == len(self.ids):
+            self.ids = torch.cat((self.ids, _ids([token_id], self.ids.device)))
+            self.counts = torch.cat((self.counts, self.counts.new_ones(1)))
+        else:
+            self.counts[position] += 1
 
 
 @dataclass
 class SampleResult:
+    """What `sample` chose for each row of the batch, in row order."""
+
     token_ids: list[int]  # chosen token per row
     logprobs: list[float]  # raw log-prob of the chosen token per row
     top: list[list[tuple[int, float]]]  # per row, its top `top_logprobs` (id, raw log-prob)
@@ -84,10 +104,11 @@ class SampleResult:
 def sample(logits: torch.Tensor, samplers: list[SequenceSampler]) -> SampleResult:
     """Choose every row's next token with its own sequence's settings.
 
-    `logits` is [B, V] float32 (row i for `samplers[i]`) and is not modified. The log-probs in the
-    result are those of these raw logits (log-softmax before any processing), as vLLM reports
-    them by default; `top` lists each row's most likely raw alternatives, best first.
+    `logits` is [B, V] (row i for `samplers[i]`; processed in float32) and is not modified. The
+    log-probs in the result are those of these raw logits (log-softmax before any processing), as
+    vLLM reports them by default; `top` lists each row's most likely raw alternatives, best first.
     """
+    logits = logits.float()
     logprobs = logits.log_softmax(-1)
     processed = _process(logits, samplers)
     rows = [i for i, s in enumerate(samplers) if s.sampled]
@@ -115,6 +136,7 @@ def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int]) -> list[f
 
 
 def validate_params(params: SamplingParams, vocab_size: int) -> None:
+    """Refuse settings `sample` cannot apply (they would fail or poison the whole batch step)."""
     checks = [
         ("temperature", params.temperature >= 0, "must be >= 0"),
         ("top_p", 0 < params.top_p <= 1, "must be in (0, 1]"),
@@ -138,7 +160,7 @@ def _process(logits: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Ten
     stops = [(i, samplers[i]._stop_ids) for i in early]
     biased = [(i, s._bias_ids) for i, s in enumerate(samplers) if s.params.logit_bias]
     repeat = [i for i, s in enumerate(samplers) if s._seen is not None]
-    counted = [i for i, s in enumerate(samplers) if s._counts is not None]
+    counted = [i for i, s in enumerate(samplers) if s._output is not None]
     if not (stops or biased or repeat or counted):
         return logits
     logits = logits.clone()
@@ -160,23 +182,32 @@ def _coordinates(entries: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor,
     return rows, torch.cat([ids for _, ids in entries])
 
 
-def _repetition_penalty(logits: torch.Tensor, rows: list[int], samplers: list) -> None:
+def _repetition_penalty(
+    logits: torch.Tensor, rows: list[int], samplers: list[SequenceSampler]
+) -> None:
     """HF / CTRL: a seen token's logit is divided by the penalty if positive, else multiplied."""
-    index = torch.tensor(rows, device=logits.device)
-    seen = torch.stack([samplers[i]._seen for i in rows])
-    penalty = _column([samplers[i].params.repetition_penalty for i in rows], logits.device)
+    entries = [(i, samplers[i]._seen.ids) for i in rows]
+    penalty = _spread([samplers[i].params.repetition_penalty for i in rows], entries)
+    index = _coordinates(entries)
     scores = logits[index]
-    penalized = torch.where(scores > 0, scores / penalty, scores * penalty)
-    logits[index] = torch.where(seen, penalized, scores)
+    logits[index] = torch.where(scores > 0, scores / penalty, scores * penalty)
 
 
-def _frequency_presence_penalty(logits: torch.Tensor, rows: list[int], samplers: list) -> None:
-    """OpenAI / vLLM: logit -= frequency * count + presence * (count > 0), output tokens only."""
-    index = torch.tensor(rows, device=logits.device)
-    counts = torch.stack([samplers[i]._counts for i in rows])
-    frequency = _column([samplers[i].params.frequency_penalty for i in rows], logits.device)
-    presence = _column([samplers[i].params.presence_penalty for i in rows], logits.device)
-    logits[index] -= frequency * counts + presence * (counts > 0)
+def _frequency_presence_penalty(
+    logits: torch.Tensor, rows: list[int], samplers: list[SequenceSampler]
+) -> None:
+    """OpenAI / vLLM: logit -= frequency * count + presence, on generated tokens only."""
+    entries = [(i, samplers[i]._output.ids) for i in rows]
+    counts = torch.cat([samplers[i]._output.counts for i in rows])
+    frequency = _spread([samplers[i].params.frequency_penalty for i in rows], entries)
+    presence = _spread([samplers[i].params.presence_penalty for i in rows], entries)
+    logits.index_put_(_coordinates(entries), -(frequency * counts + presence), accumulate=True)
+
+
+def _spread(values: list[float], entries: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """Each row's value repeated once per token id of its entry (to line up with _coordinates)."""
+    pairs = zip(values, entries, strict=True)
+    return torch.cat([torch.full(ids.shape, v, device=ids.device) for v, (_, ids) in pairs])
 
 
 def _column(values: list[float], device: torch.device) -> torch.Tensor:
@@ -185,8 +216,10 @@ def _column(values: list[float], device: torch.device) -> torch.Tensor:
 
 def _draw(logits: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
     """Sample one token per row of processed logits with the row's own filters and generator."""
-    temperature = _column([s.params.temperature for s in samplers], logits.device)
-    probs = (logits / temperature).softmax(-1)
+    temperature = [s.params.temperature for s in samplers]
+    if any(t != 1.0 for t in temperature):
+        logits = logits / _column(temperature, logits.device)
+    probs = logits.softmax(-1)
     probs = _min_p(probs, samplers)
     probs = _top_k_top_p(probs, samplers)
     probs = _typical_p(probs, samplers)
@@ -199,11 +232,11 @@ def _min_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor
     if not any(min_p):
         return probs
     threshold = probs.amax(-1, keepdim=True) * _column(min_p, probs.device)
-    return probs.masked_fill(probs < threshold, 0.0)
+    return probs.masked_fill_(probs < threshold, 0.0)
 
 
 def _top_k_top_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
-    """Zero, in the rows that ask, the tokens outside top_k and then outside the top_p nucleus."""
+    """Zero (in place), in the rows that ask, the tokens outside top_k, then outside top_p."""
     vocab = probs.shape[-1]
     top_k = [s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in samplers]
     rows = [i for i, s in enumerate(samplers) if top_k[i] < vocab or s.params.top_p < 1]
@@ -212,7 +245,8 @@ def _top_k_top_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.
     k = _ids([top_k[i] for i in rows], probs.device).unsqueeze(1)
     top_p = [samplers[i].params.top_p for i in rows]
     p = _column([v if v < 1 else math.inf for v in top_p], probs.device)
-    window = min(vocab, max([_WINDOW, *(top_k[i] for i in rows if top_k[i] < vocab)]))
+    floor = _WINDOW if any(v < 1 for v in top_p) else 1  # top_k alone needs only k tokens
+    window = min(vocab, max([floor, *(top_k[i] for i in rows if top_k[i] < vocab)]))
     if len(rows) == len(samplers):
         return _nucleus(probs, k, p, window)
     index = torch.tensor(rows, device=probs.device)
@@ -222,7 +256,8 @@ def _top_k_top_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.
 
 def _nucleus(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor, window: int) -> torch.Tensor:
     """HF / vLLM top-k (ties with the k-th kept) then top-p (keep the most likely tokens until
-    they hold p of the remaining mass, the one crossing p included) on unnormalized `probs`.
+    they hold p of the remaining mass, the one crossing p included) on unnormalized `probs`,
+    in place.
 
     Only the `window` most likely tokens are ranked (a topk, far cheaper than sorting the
     vocabulary on CPU); rows whose nucleus may reach past the window are redone with a wider one.
@@ -235,13 +270,16 @@ def _nucleus(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor, window: int)
     cumulative = values.cumsum(-1)
     mass = torch.where(k <= window, cumulative[:, -1:], probs.sum(-1, keepdim=True))
     limit = p * mass
-    values = values.masked_fill(cumulative - values >= limit, 0.0)
-    kept = torch.zeros_like(probs).scatter_(1, ids, values)
     short = ((k > window) & (cumulative[:, -1:] < limit)).squeeze(1)
-    if window < vocab and bool(short.any()):
-        redo = short.nonzero().squeeze(1)
-        kept[redo] = _nucleus(probs[redo], k[redo], p[redo], min(vocab, window * 8))
-    return kept
+    redo = short.nonzero().squeeze(1)
+    wider = None
+    if window < vocab and len(redo):
+        wider = _nucleus(probs[redo], k[redo], p[redo], min(vocab, window * 8))
+    values.masked_fill_(cumulative - values >= limit, 0.0)
+    probs.zero_().scatter_(1, ids, values)
+    if wider is not None:
+        probs[redo] = wider
+    return probs
 
 
 def _typical_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
@@ -270,7 +308,7 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     One uniform per row instead of a vocabulary of exponential noise (~30x cheaper on CPU); float64
     keeps the share of unlikely tokens exact. Zero-probability tokens can never be picked.
     """
-    cdf = probs.double().cumsum(-1)
+    cdf = probs.cumsum(-1, dtype=torch.float64)
     picks = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
     return picks.clamp_(max=probs.shape[-1] - 1)
 

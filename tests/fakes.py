@@ -1,0 +1,202 @@
+"""A deterministic `Engine` for protocol and server tests: no model, scripted by the prompt.
+
+Every whitespace-separated word is a token. Sequence `s` echoes the prompt's words from word `s`
+on, cycling, each as " word" with log-probability -1 / 2**s (so with n > 1 the last sequence is
+the most likely). Markers in the prompt script the rest (they are not echoed):
+
+- `[[invalid]]`: `validate` raises RequestValidationError("inputs", ...);
+- `[[eos:K]]`: after K tokens, an EOS special token (text "") ends the sequence (eos_token);
+- `[[error:K]]`: after K tokens, the sequence finishes with FinishReason.ERROR;
+- `[[raise:K]]`: after K tokens, the output iterator raises RuntimeError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.engine.types import (
+    FinishReason,
+    GenerationRequest,
+    RequestMetrics,
+    RequestOutput,
+    RequestValidationError,
+    SamplingParams,
+    SequenceOutput,
+    Token,
+    TopToken,
+)
+
+EOS_ID = 2
+ALT_ID = 1000  # top-token alternatives are ids ALT_ID + 1, ALT_ID + 2, ...
+MARKER = re.compile(r"\[\[(\w+)(?::(\d+))?\]\]")
+
+
+class FakeTokenizer:
+    """Words are tokens; ids are given in first-seen order from 10 on (stable per instance)."""
+
+    eos_token_id = EOS_ID
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._words: dict[int, str] = {EOS_ID: "</s>"}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [self._id(word) for word in text.split()]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        words = [self._words[i] for i in ids if not (skip_special_tokens and i == EOS_ID)]
+        return " ".join(words)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = False,
+        add_generation_prompt: bool = True,
+        **_: Any,
+    ) -> str | list[int]:
+        text = "".join(f"<|{m['role']}|> {m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            text += "<|assistant|>"
+        return self.encode(text) if tokenize else text
+
+    def _id(self, word: str) -> int:
+        if word not in self._ids:
+            self._ids[word] = len(self._ids) + 10
+            self._words[self._ids[word]] = word
+        return self._ids[word]
+
+
+def _markers(prompt: str) -> dict[str, int]:
+    return {m.group(1): int(m.group(2) or 0) for m in MARKER.finditer(prompt)}
+
+
+@dataclass
+class FakeEngine:
+    model_name: str = "fake-model"
+    max_model_len: int = 64
+    token_delay: float = 0.0  # seconds per engine step
+    tokens_per_step: int = 1
+    ready: bool = True
+    tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
+    requests: list[GenerationRequest] = field(default_factory=list)  # every generate() call
+    aborted: list[str] = field(default_factory=list)  # ids closed or aborted before finishing
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    def validate(self, request: GenerationRequest) -> None:
+        if "[[invalid]]" in request.prompt:
+            raise RequestValidationError("inputs", "the prompt carries the [[invalid]] marker")
+        ids = self.tokenizer.encode(request.prompt)
+        if request.params.truncate:
+            ids = ids[-request.params.truncate :]
+        if len(ids) > self.max_model_len:
+            message = f"the prompt has {len(ids)} tokens, more than {self.max_model_len}"
+            raise RequestValidationError("inputs", message)
+        request.prompt_token_ids = ids
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        self.requests.append(request)
+        finished = False
+        try:
+            async for output in self._run(request):
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                await self.abort(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.sleep(0)  # as in a real engine, aborting awaits (a lock, a queue...)
+        if request_id not in self.aborted:
+            self.aborted.append(request_id)
+
+    async def start(self) -> None:
+        self.ready = True
+
+    async def shutdown(self) -> None:
+        self.ready = False
+
+    async def _run(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        params = request.params
+        words = [w for w in request.prompt.split() if not MARKER.fullmatch(w)] or ["word"]
+        marks = _markers(request.prompt)
+        metrics = RequestMetrics(request.arrival_time, first_scheduled_time=time.monotonic())
+        seqs = [_Sequence(s, _rotate(words, s)) for s in range(params.num_sequences)]
+        prompt_logprobs = self._prompt_logprobs(request) if params.prompt_logprobs else None
+        while not all(s.done for s in seqs):
+            await asyncio.sleep(self.token_delay)
+            if "raise" in marks and seqs[0].count >= marks["raise"]:
+                raise RuntimeError(f"scripted failure after {seqs[0].count} tokens")
+            outputs = [s.step(self, params, marks) for s in seqs if not s.done]
+            done = all(s.done for s in seqs)
+            yield RequestOutput(
+                request_id=request.request_id,
+                outputs=outputs,
+                prompt_token_count=len(request.prompt_token_ids or []),
+                metrics=metrics,
+                finished=done,
+                prompt_logprobs=prompt_logprobs,
+            )
+            prompt_logprobs = None
+
+    def _prompt_logprobs(self, request: GenerationRequest) -> list[Token]:
+        ids = request.prompt_token_ids or self.tokenizer.encode(request.prompt)
+        return [
+            Token(id=i, text=self.tokenizer.decode([i]), logprob=None if k == 0 else -2.0)
+            for k, i in enumerate(ids)
+        ]
+
+
+@dataclass
+class _Sequence:
+    index: int
+    words: list[str]
+    count: int = 0
+    cumulative: float = 0.0
+    done: bool = False
+
+    def step(
+        self, engine: FakeEngine, params: SamplingParams, marks: dict[str, int]
+    ) -> SequenceOutput:
+        logprob = -1.0 / 2**self.index
+        tokens: list[Token] = []
+        reason: FinishReason | None = None
+        error = None
+        for _ in range(engine.tokens_per_step):
+            if "error" in marks and self.count >= marks["error"]:
+                reason, error = FinishReason.ERROR, f"scripted error after {self.count} tokens"
+                break
+            if "eos" in marks and self.count >= marks["eos"] and not params.ignore_eos:
+                tokens.append(Token(EOS_ID, "", logprob, special=True))
+                self.count += 1
+                reason = FinishReason.EOS
+                break
+            word = self.words[self.count % len(self.words)]
+            token_id = engine.tokenizer.encode(word)[0]
+            top = _top(token_id, " " + word, logprob, params.top_logprobs)
+            tokens.append(Token(token_id, " " + word, logprob, top=top))
+            self.count += 1
+            if self.count >= params.max_new_tokens:
+                reason = FinishReason.LENGTH
+                break
+        self.cumulative += logprob * len(tokens)
+        self.done = reason is not None
+        return SequenceOutput(self.index, tokens, reason, error, self.cumulative, self.count)
+
+
+def _rotate(words: list[str], by: int) -> list[str]:
+    by %= len(words)
+    return words[by:] + words[:by]
+
+
+def _top(token_id: int, text: str, logprob: float, k: int) -> list[TopToken]:
+    if k == 0:
+        return []
+    alternatives = [TopToken(ALT_ID + j, f" alt{j}", logprob - j) for j in range(1, k)]
+    return [TopToken(token_id, text, logprob), *alternatives]
