@@ -85,6 +85,7 @@ class FakeEngine:
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
     requests: list[GenerationRequest] = field(default_factory=list)  # every generate() call
     aborted: list[str] = field(default_factory=list)  # ids closed or aborted before finishing
+    finished: list[str] = field(default_factory=list)  # ids that ran to their end
 
     def is_ready(self) -> bool:
         return self.ready
@@ -106,6 +107,8 @@ class FakeEngine:
         try:
             async for output in self._run(request):
                 finished = output.finished
+                if finished:
+                    self.finished.append(request.request_id)
                 yield output
         finally:
             if not finished:
@@ -115,6 +118,10 @@ class FakeEngine:
         await asyncio.sleep(0)  # as in a real engine, aborting awaits (a lock, a queue...)
         if request_id not in self.aborted:
             self.aborted.append(request_id)
+
+    def stats(self) -> dict[str, int]:
+        running = len(self.requests) - len(self.finished) - len(self.aborted)
+        return {"running_requests": running, "finished_requests": len(self.finished)}
 
     async def start(self) -> None:
         self.ready = True

@@ -450,3 +450,15 @@ async def test_disconnect_before_the_first_token_aborts(engine, live_url, stream
             await pending
     rid = engine.requests[-1].request_id
     assert await eventually(lambda: rid in engine.aborted, timeout=0.5)  # before any token
+
+
+async def test_metrics_expose_the_engine_counters():
+    engine = FakeEngine()
+    app = create_app(engine, ServerSettings(model_name="fake-model"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+        await client.post("/invocations", json={"inputs": "a b c"})
+        response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert 'lmi_finished_requests_total{model="fake-model"} 1.0' in response.text
+    assert 'lmi_running_requests{model="fake-model"} 0.0' in response.text

@@ -31,6 +31,10 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its batch slot and cache."""
 
+    def stats(self) -> dict[str, int]:
+        """Gauges and counters for /metrics: running_requests, waiting_requests, prompt_tokens,
+        generated_tokens, finished_requests."""
+
     async def start(self) -> None:
         """Start the background loop (after the model is loaded)."""
 

@@ -48,6 +48,9 @@ class DeferredEngine:
         if self._engine is not None:
             await self._engine.abort(request_id)
 
+    def stats(self) -> dict[str, int]:
+        return self.engine.stats()
+
     async def start(self) -> None:
         await self.engine.start()
 

@@ -16,6 +16,7 @@ from handlers.protocols.lmi import LmiError
 from handlers.protocols.lmi.errors import VALIDATION_STATUS
 from handlers.server.body import BodyError, read_json, request_id
 from handlers.server.lmi_handler import LmiHandler, lmi_error
+from handlers.server.metrics import metrics_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ def json_response(content: Any, status: int = 200) -> Response:
 def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="lmi-serve", docs_url=None, redoc_url=None, openapi_url=None)
     _add_lmi_routes(app, engine, settings)
+    app.add_api_route("/metrics", metrics_endpoint(engine, settings.model_name), methods=["GET"])
     return app
 
 

@@ -56,6 +56,7 @@ class ContinuousBatcher:
         self.states: dict[str, RequestState] = {}
         self._owner: list[Sequence | None] = [None] * max_batch_size
         self._unstarted_failures: list[RequestOutput] = []
+        self._counters = {"prompt_tokens": 0, "generated_tokens": 0, "finished_requests": 0}
 
     # -- public surface -------------------------------------------------------------------------
 
@@ -80,6 +81,11 @@ class ContinuousBatcher:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.decoding)
+
+    def stats(self) -> dict[str, int]:
+        """Read from other threads: plain ints, so a slightly stale view at worst."""
+        return {"running_requests": len(self.states), "waiting_requests": len(self.waiting),
+                **self._counters}
 
     @property
     def running(self) -> int:
@@ -118,6 +124,7 @@ class ContinuousBatcher:
                 log.exception("request %s failed to start", request.request_id)
                 self._fail_unstarted(request, exc)
                 continue
+            self._counters["prompt_tokens"] += len(state.prompt_ids)
             first = state.sequences[0]
             first.slot = self._free_slot()
             self._owner[first.slot] = first
@@ -301,6 +308,7 @@ class ContinuousBatcher:
         params = seq.params
         seq.token_ids.append(token_id)
         seq.generated += 1
+        self._counters["generated_tokens"] += 1
         seq.cumulative_logprob += logprob
         seq.sampler.append(token_id)
         text = seq.detokenizer.add(token_id)
@@ -338,3 +346,4 @@ class ContinuousBatcher:
             self._owner[state.sequences[0].slot] = None
         for request_id in [r for r, s in self.states.items() if s.finished]:
             del self.states[request_id]
+            self._counters["finished_requests"] += 1

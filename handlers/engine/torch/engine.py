@@ -112,6 +112,9 @@ class TorchEngine:
     async def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
+    def stats(self) -> dict[str, int]:
+        return self.batcher.stats()
+
     async def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True)
         self._thread.start()

@@ -1,0 +1,59 @@
+"""Run `lmi-serve` as a real subprocess on a free loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(*options: str, log_path: Path | None = None,
+                   env: dict[str, str] | None = None, timeout: float = 180) -> Iterator[str]:
+    """Start the server with `--option KEY=VALUE` flags; yield its URL once /ping says 200."""
+    port = free_port()
+    argv = [sys.executable, "-m", "handlers.cli", "--host", "127.0.0.1", "--port", str(port),
+            "--grpc-port", "0"]
+    for option in options:
+        argv += ["--option", option]
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, url, timeout)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if log_path:
+            log.close()
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} while starting")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"the server at {url} was not ready within {timeout} s")
