@@ -1,4 +1,4 @@
-"""GET /metrics: the engine's counters and gauges in Prometheus' text format, read at scrape time."""
+"""GET /metrics: the engine's counters and gauges in Prometheus text format, read at scrape time."""
 
 from __future__ import annotations
 
