@@ -155,8 +155,14 @@ def test_explicit_dtypes_map_to_torch(name: str, expected: torch.dtype) -> None:
     assert resolve_dtype(name, torch.device("cpu"), torch.bfloat16) == expected
 
 
-def test_auto_dtype_is_float32_on_cpu_whatever_the_checkpoint() -> None:
-    assert resolve_dtype("auto", torch.device("cpu"), torch.bfloat16) == torch.float32
+def test_auto_dtype_on_cpu_is_bf16_where_onednn_runs_it_else_float32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(loader, "_cpu_runs_bf16", lambda: True)
+    assert resolve_dtype("auto", cpu, torch.float32) == torch.bfloat16
+    monkeypatch.setattr(loader, "_cpu_runs_bf16", lambda: False)
+    assert resolve_dtype("auto", cpu, torch.bfloat16) == torch.float32
 
 
 def test_auto_dtype_on_a_gpu_keeps_a_16_bit_checkpoint_else_bf16(
@@ -194,7 +200,7 @@ def test_auto_device_follows_cuda_availability(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_tiny_hf_directory_loads_ready_to_serve(tiny_dir: Path) -> None:
-    loaded = load_model(tiny_dir)
+    loaded = load_model(tiny_dir, dtype="fp32")
     assert loaded.name == "tiny-llama"
     assert loaded.source == str(tiny_dir)
     assert not loaded.model.training
@@ -271,12 +277,12 @@ def test_a_cache_written_concurrently_keeps_the_first_copy(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_the_embedded_default_reloads_identically_from_the_cache(tmp_path: Path) -> None:
     gguf = default_model_path()
-    cold = load_model(gguf, cache_dir=tmp_path)  # dequantizes the GGUF (~30 s) and caches it
+    cold = load_model(gguf, dtype="fp32", cache_dir=tmp_path)  # dequantizes (~30 s) and caches
     entry = tmp_path / "gguf" / hashlib.sha256(gguf.read_bytes()).hexdigest()
     assert (entry / "model.safetensors").is_file()
     assert "quantization_config" not in json.loads((entry / "config.json").read_text())
 
-    warm = load_model(gguf, cache_dir=tmp_path)
+    warm = load_model(gguf, dtype="fp32", cache_dir=tmp_path)
     for loaded in (cold, warm):
         assert loaded.name == "smollm2-135m-instruct"
         assert loaded.source == str(gguf)

@@ -33,7 +33,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("tiny")))
+    return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("tiny")), dtype="fp32")
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -91,20 +92,33 @@ class ContinuousBatcher:
     def running(self) -> int:
         return len(self.decoding) + len(self.prefilling)
 
-    def step(self) -> list[RequestOutput]:
-        """Admit, prefill one chunk, decode one token for every running sequence."""
+    def step(self, emit_first: Callable[[RequestOutput], None] | None = None
+             ) -> list[RequestOutput]:
+        """Admit, prefill one chunk, decode one token for every running sequence; return the
+        outputs. With `emit_first`, the first tokens that this step's prefill produced go there
+        before the decode pass runs, so a new request's time to first token does not include it.
+        """
         self._admit()
         touched: dict[str, RequestState] = {}
         if self.prefilling:
             self._prefill(touched)
+            self._release_finished()  # e.g. max_new_tokens=1: no decode pass for them
+            if emit_first is not None:
+                for output in self._take_outputs(touched):
+                    emit_first(output)
+                touched = {}
         if self.decoding:
             self._decode(touched)
         self._release_finished()
+        outputs = self._take_outputs(touched)
+        if not self.has_work:
+            self.runner.cache.shrink()
+        return outputs
+
+    def _take_outputs(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
         outputs = [out for state in touched.values() if (out := state.take_output())]
         outputs += self._unstarted_failures
         self._unstarted_failures = []
-        if not self.has_work:
-            self.runner.cache.shrink()
         return outputs
 
     # -- admission ------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ class TorchEngine:
                 if not self.batcher.has_work:
                     continue
                 try:
-                    outputs = self.batcher.step()
+                    outputs = self.batcher.step(emit_first=self._deliver)
                 except Exception as exc:  # a bug in the step itself: fail what is running
                     log.exception("engine step failed")
                     self._fail_all(exc)

@@ -1,0 +1,218 @@
+"""Serving benchmark: our server's continuous batching against static `generate()` batches.
+
+Workload A is a closed loop at fixed concurrency and fixed output length; workload B replays a
+Poisson arrival trace with mixed output lengths. Both run against the server (started here, or
+`--url`) and then against Hugging Face generate() in this process, never at the same time.
+See bench/README.md. Run: `./dev bench [--quick]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find `bench`
+
+from tqdm import tqdm
+
+from bench import client
+from bench.launcher import ServerProcess
+from bench.prompts import prompt
+from bench.report import Level, format_table, plot, save_json
+from bench.stats import RequestResult, summarize, wall_time
+from bench.workloads import Arrival, Progress, poisson_trace
+
+FULL = {"concurrency": "1,8,16,32", "requests_per_client": 2, "max_new_tokens": 128,
+        "trace_requests": 40, "trace_rate": 1.0, "trace_min_tokens": 16, "trace_max_tokens": 256}
+QUICK = {"concurrency": "1,4", "requests_per_client": 2, "max_new_tokens": 16,
+         "trace_requests": 8, "trace_rate": 4.0, "trace_min_tokens": 4, "trace_max_tokens": 32}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", help="bench this running server instead of starting one")
+    p.add_argument("--quick", action="store_true", help="a small smoke-test run")
+    p.add_argument("--workloads", default="A,B", help="A, B or A,B")
+    p.add_argument("--concurrency", help=f"workload A levels (default {FULL['concurrency']})")
+    p.add_argument("--requests-per-client", type=int)
+    p.add_argument("--max-new-tokens", type=int, help="workload A output length")
+    p.add_argument("--trace-requests", type=int, help="workload B request count")
+    p.add_argument("--trace-rate", type=float, help="workload B arrivals per second")
+    p.add_argument("--trace-min-tokens", type=int)
+    p.add_argument("--trace-max-tokens", type=int)
+    p.add_argument("--seed", type=int, default=0, help="workload B trace seed")
+    p.add_argument("--max-batch", type=int, default=32,
+                   help="server max_rolling_batch_size and the baseline's largest static batch")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="torch threads for the server and the baseline")
+    p.add_argument("--server-dtype", default="auto",
+                   help="the server's option.dtype (auto: bf16 where the CPU runs it, else fp32)")
+    p.add_argument("--baseline-dtype", default="fp32",
+                   help="dtype of the generate() baseline (fp32: what from_pretrained gives for "
+                        "the default GGUF, i.e. generate() as a user runs it)")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--skip-server", action="store_true")
+    p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = p.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.concurrency = [int(c) for c in str(args.concurrency).split(",")]
+    args.workloads = {w.strip().upper() for w in args.workloads.split(",")}
+    if bad := args.workloads - {"A", "B"}:
+        p.error(f"unknown workload(s): {', '.join(sorted(bad))}")
+    if max(args.concurrency) > args.max_batch:
+        p.error("a concurrency level exceeds --max-batch")
+    return args
+
+
+def make_trace(args: argparse.Namespace) -> list[Arrival]:
+    return poisson_trace(args.trace_requests, args.trace_rate, args.trace_min_tokens,
+                         args.trace_max_tokens, args.seed)
+
+
+def level(
+    workload: str, system: str, label: str, concurrency: int | None, results: list[RequestResult]
+) -> Level:
+    """One row of results: its summary plus every request's own numbers."""
+    samples = [
+        {"ttft_s": r.ttft, "tpot_s": r.tpot, "latency_s": r.latency, "tokens": r.tokens,
+         "expected_tokens": r.expected_tokens, "error": r.error}
+        for r in results
+    ]
+    return {"workload": workload, "system": system, "label": label, "concurrency": concurrency,
+            **summarize(results, wall_time(results)), "samples": samples}
+
+
+def trace_label(args: argparse.Namespace) -> str:
+    return f"{args.trace_requests} req @ {args.trace_rate:g}/s"
+
+
+def request_count(args: argparse.Namespace) -> int:
+    a = sum(args.concurrency) * args.requests_per_client if "A" in args.workloads else 0
+    return a + (args.trace_requests if "B" in args.workloads else 0)
+
+
+ClosedLoop = Callable[[int, Progress], list[RequestResult]]  # (concurrency, progress)
+Trace = Callable[[list[Arrival], Progress], list[RequestResult]]
+
+
+def run_levels(
+    system: str, args: argparse.Namespace, closed: ClosedLoop, trace: Trace
+) -> list[Level]:
+    """Every level of the chosen workloads, one after the other, for one system."""
+    levels = []
+    with tqdm(total=request_count(args), unit="req", file=sys.stderr) as bar:
+        for c in args.concurrency if "A" in args.workloads else []:
+            bar.set_description(f"{system} A C={c}")
+            levels.append(level("A", system, f"C={c}", c, closed(c, bar.update)))
+        if "B" in args.workloads:
+            bar.set_description(f"{system} B")
+            results = trace(make_trace(args), bar.update)
+            levels.append(level("B", system, trace_label(args), None, results))
+    return levels
+
+
+def server_levels(url: str, args: argparse.Namespace) -> list[Level]:
+    asyncio.run(client.warm_up(url))
+    turns, length = args.requests_per_client, args.max_new_tokens
+    return run_levels(
+        "server", args,
+        lambda c, progress: asyncio.run(client.closed_loop(url, c, turns, length, progress)),
+        lambda trace, progress: asyncio.run(client.arrival_trace(url, trace, progress)),
+    )
+
+
+def run_server(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]:
+    """The server half; returns its levels and how the server was reached."""
+    if args.url:
+        url = args.url.rstrip("/")
+        return server_levels(url, args), {"url": url}
+    with ServerProcess(args.out / "server.log", args.max_batch, args.threads,
+                       args.server_dtype) as server:
+        print(f"starting {' '.join(server.command)}", file=sys.stderr)
+        server.wait_ready(args.startup_timeout)
+        info = {"command": server.command, "log": str(server.log_path)}
+        return server_levels(server.url, args), info
+
+
+def run_baseline(args: argparse.Namespace) -> list[Level]:
+    """The generate() half, in this process, after the server half has finished."""
+    from bench import baseline  # torch and transformers: loaded only for the baseline
+
+    model = baseline.GenerateBaseline(args.threads, args.baseline_dtype)
+    model.run_batch([prompt(0)], 8)  # warm-up, not measured
+    turns, length = args.requests_per_client, args.max_new_tokens
+    return run_levels(
+        "generate", args,
+        lambda c, progress: baseline.closed_loop(model, c, turns, length, progress),
+        lambda trace, progress: baseline.arrival_trace(model, trace, args.max_batch, progress),
+    )
+
+
+def meta(args: argparse.Namespace, server: dict[str, Any], load: float) -> dict[str, Any]:
+    settings = {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}
+    settings["out"] = str(args.out)
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": settings,
+        "server": server,
+        "cpu_count": os.cpu_count(),
+        "load_avg_at_start": load,
+        "python": platform.python_version(),
+        "versions": _versions(),
+    }
+
+
+def _versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for package in ("lmi-serve", "torch", "transformers"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def warn_if_busy() -> float:
+    """The 1-minute load average; other work on the machine skews every number measured here."""
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"warning: load average {load:.1f} before starting: expect noisy numbers",
+              file=sys.stderr)
+    return load
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load = warn_if_busy()
+    levels: list[Level] = []
+    server: dict[str, Any] = {}
+    if not args.skip_server:
+        server_part, server = run_server(args)
+        levels += server_part
+    if not args.skip_baseline:
+        levels += run_baseline(args)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = save_json({"meta": meta(args, server, load), "levels": levels}, args.out, stamp)
+    png = path.with_suffix(".png")
+    plot(levels, png)
+    shutil.copyfile(png, args.out / "latest.png")
+    print(format_table(levels))
+    print(f"server option.dtype={args.server_dtype}; generate() dtype={args.baseline_dtype}")
+    print(f"\nresults: {path}\nplot:    {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
