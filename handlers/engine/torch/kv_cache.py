@@ -70,8 +70,8 @@ class SlotKVCache:
         """Write this pass's keys/values [B, H, T, D] and return what attention reads."""
         rows, positions = self._write_index
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
-        k_buf[rows, :, positions] = key.transpose(1, 2)
-        v_buf[rows, :, positions] = value.transpose(1, 2)
+        k_buf[rows, :, positions] = key.transpose(1, 2).to(k_buf.dtype)
+        v_buf[rows, :, positions] = value.transpose(1, 2).to(v_buf.dtype)
         return k_buf[self._rows, :, : self._read_len], v_buf[self._rows, :, : self._read_len]
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from handlers.engine.torch.attention import use_float32_kv
 from handlers.engine.torch.kv_cache import SlotKVCache
 
 
@@ -33,6 +34,10 @@ class ModelRunner:
         )
         self.device = model.device
         self.dtype = model.dtype
+        # On the CPU a 16-bit model keeps its cache and attention in float32 (see attention.py).
+        self.cache_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        if self.cache_dtype != self.dtype:
+            use_float32_kv(model)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.num_slots = num_slots
         self.cache = SlotKVCache(
@@ -40,26 +45,37 @@ class ModelRunner:
             num_slots=num_slots,
             num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
             head_dim=head_dim,
-            dtype=self.dtype,
+            dtype=self.cache_dtype,
             device=self.device,
             max_len=max_len,
         )
         self._decoder = model.get_decoder()
         self._lm_head = model.get_output_embeddings()
-        self._neg_inf = torch.finfo(self.dtype).min
+        self._neg_inf = torch.finfo(self.cache_dtype).min
+        # With fewer rows than threads, torch splits a row's reductions (RMSNorm's mean) across
+        # threads, in another order than when each row has a thread: results would depend on the
+        # batch size. A decode pass therefore runs at least this many rows, repeating row 0
+        # (it writes the same cache entry with the same bits), so a seeded request gets the same
+        # tokens whatever else runs beside it.
+        self.min_rows = torch.get_num_threads()
 
     @torch.inference_mode()
     def decode(self, token_ids: list[int], lengths: list[int], first_slot: int = 0) -> torch.Tensor:
         """One token for each row in the contiguous slots first_slot.., whose `lengths` tokens are
         cached already. Returns float32 logits [B, V]."""
-        ids = torch.tensor(token_ids, device=self.device)[:, None]
-        lens = torch.tensor(lengths, device=self.device)
+        rows = len(token_ids)
+        pad = max(0, self.min_rows - rows)
+        ids = torch.tensor(token_ids + token_ids[:1] * pad, device=self.device)[:, None]
+        lens = torch.tensor(lengths + lengths[:1] * pad, device=self.device)
         read_len = int(lens.max()) + 1
         keys = torch.arange(read_len, device=self.device)
         mask = self._additive(keys[None, :] <= lens[:, None])[:, None, None, :]
-        self.cache.bind(slice(first_slot, first_slot + len(token_ids)), lens[:, None], read_len)
+        slots = slice(first_slot, first_slot + rows)
+        if pad:
+            slots = torch.tensor([*range(first_slot, first_slot + rows), *[first_slot] * pad])
+        self.cache.bind(slots, lens[:, None], read_len)
         hidden = self._forward(ids, lens[:, None], mask)
-        return self._lm_head(hidden[:, -1]).float()
+        return self._lm_head(hidden[:rows, -1]).float()
 
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk]) -> list[torch.Tensor]:
@@ -100,7 +116,7 @@ class ModelRunner:
         return out.last_hidden_state
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
-        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        zero = torch.zeros((), dtype=self.cache_dtype, device=self.device)
         return torch.where(visible, zero, self._neg_inf)
 
     def move(self, src: int, dst: int, length: int) -> None:
