@@ -36,7 +36,13 @@ class Engine(Protocol):
         generated_tokens, finished_requests."""
 
     async def start(self) -> None:
-        """Start the background loop (after the model is loaded)."""
+        """Start the engine's loop in the background (after the model is loaded)."""
+
+    def run_forever(self) -> None:
+        """Run the engine's loop in the calling thread until `stop()` (lmi-serve's main thread)."""
+
+    def stop(self) -> None:
+        """Ask the loop to end, from any thread; requests still running end with an abort."""
 
     async def shutdown(self) -> None:
         """Stop the loop; requests still running finish with an abort."""
