@@ -138,27 +138,21 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device, checkpoint: torch.dtype | None) -> torch.dtype:
-    """The torch dtype for option.dtype. "auto" is bfloat16 on a CPU whose oneDNN runs bf16
-    matmuls (AVX-512 or AMX: decoding is bound by memory bandwidth, and half the bytes measured
-    1.5-2x the tokens/s of float32 here), else float32; on a GPU the checkpoint's 16-bit dtype,
-    else bfloat16 (float16 where bf16 is unsupported)."""
+    """The torch dtype for option.dtype. "auto" is float32 on the CPU: exact, and a seeded
+    request's text does not depend on the rest of the batch. (bf16, opt-in, decodes 1.5-2x
+    faster where oneDNN runs it, but its rounding lets batch composition change sampled and
+    near-tied tokens.) On a GPU: the checkpoint's 16-bit dtype, else bfloat16 (float16 where
+    bf16 is unsupported)."""
     name = dtype.lower()
     if name in _DTYPES:
         return _DTYPES[name]
     if name != "auto":
         raise ValueError(f"option.dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}.")
     if device.type == "cpu":
-        return torch.bfloat16 if _cpu_runs_bf16() else torch.float32
+        return torch.float32
     if checkpoint in (torch.float16, torch.bfloat16):
         return checkpoint
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def _cpu_runs_bf16() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    except (AttributeError, RuntimeError):  # an op this torch build lacks: stay exact
-        return False
 
 
 def default_cache_dir() -> Path:

@@ -1,10 +1,9 @@
 """Attention over a float32 KV cache for models that run in bfloat16 / float16 on the CPU.
 
-The matmuls of a bf16 model give every row the same bits whatever the batch (checked in the
-tests), but bf16 attention does not: its kernels round the softmax weights to bf16 in blocks
-that depend on the batch's longest sequence, so a seeded request's logits would drift with what
-else is in the batch. Keys and values are cached in float32 (an exact up-cast) and attention runs
-in float32; only its output is cast back to the model's dtype.
+bf16 attention rounds its softmax weights to bf16 in blocks that depend on the batch's longest
+sequence, so a row's logits drift with what else is in the batch. Keys and values are cached in
+float32 (an exact up-cast) and attention runs in float32; only its output is cast back. This
+makes the drift much smaller, not zero: the kernels' blocking still depends on the padded length.
 """
 
 from __future__ import annotations
