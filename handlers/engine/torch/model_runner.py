@@ -53,11 +53,11 @@ class ModelRunner:
         self._lm_head = model.get_output_embeddings()
         self._neg_inf = torch.finfo(self.cache_dtype).min
         # With fewer rows than threads, torch splits a row's reductions (RMSNorm's mean) across
-        # threads, in another order than when each row has a thread: results would depend on the
-        # batch size. A decode pass therefore runs at least this many rows, repeating row 0
-        # (it writes the same cache entry with the same bits), so a seeded request gets the same
-        # tokens whatever else runs beside it.
-        self.min_rows = torch.get_num_threads()
+        # threads, in another order than when each row has a thread: results depend on the batch
+        # size. In 16-bit that flips roundings, and so sampled tokens; a 16-bit decode pass
+        # therefore runs at least this many rows, repeating row 0 (it writes the same cache
+        # entry with the same bits). float32 differences stay ~1e-6, not worth a slower B=1.
+        self.min_rows = torch.get_num_threads() if self.dtype != torch.float32 else 1
 
     @torch.inference_mode()
     def decode(self, token_ids: list[int], lengths: list[int], first_slot: int = 0) -> torch.Tensor:
