@@ -17,6 +17,7 @@ from handlers.protocols.lmi.errors import VALIDATION_STATUS
 from handlers.server.body import BodyError, read_json, request_id
 from handlers.server.lmi_handler import LmiHandler, lmi_error
 from handlers.server.metrics import metrics_endpoint
+from handlers.server.sagemaker import add_sagemaker_routes
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +86,5 @@ def _add_lmi_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> N
             message = f"model '{model}' not found; this server serves '{settings.model_name}'"
             return lmi_error(LmiError(message, 404))
         return await invoke(request)
+
+    add_sagemaker_routes(app, invoke)
