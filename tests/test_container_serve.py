@@ -1,0 +1,115 @@
+"""`container/serve`, the image's entrypoint, started exactly as SageMaker starts it: the only
+argument is `serve`, the port comes from SAGEMAKER_BIND_TO_PORT, and SIGTERM stops it.
+
+One container process serves this module; the SIGTERM test ends it, so it runs last.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import pytest
+import requests
+from server_process import _wait_ready, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+SERVE = REPO / "container" / "serve"
+# Configuration a CI host's environment must not leak into the container under test.
+FOREIGN_ENV = ("OPTION_", "SERVING_", "SAGEMAKER_", "HF_MODEL_", "SM_")
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(Path("/opt/ml/model").exists(),
+                       reason="a host /opt/ml/model would be served instead of the default"),
+]
+
+
+@dataclass
+class Container:
+    proc: subprocess.Popen
+    url: str
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory) -> Iterator[Container]:
+    workdir = tmp_path_factory.mktemp("container")  # not the repository: serve must not need it
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
+    # The venv's `lmi-serve` on PATH, as the image's pip install puts it there.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["SAGEMAKER_BIND_TO_PORT"] = str(port)
+    with open(workdir / "serve.log", "wb") as log:
+        proc = subprocess.Popen([str(SERVE), "serve"], cwd=workdir, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_ready(proc, url, timeout=180)
+            yield Container(proc, url)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def chat(question: str) -> str:
+    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_serve_answers_on_the_sagemaker_port(container):
+    ping = requests.get(f"{container.url}/ping", timeout=5)
+    assert ping.status_code == 200
+    body = {"inputs": chat("Name three colors."), "parameters": {"max_new_tokens": 4}}
+    response = requests.post(f"{container.url}/invocations", data=orjson.dumps(body), timeout=60)
+    assert response.status_code == 200
+    assert response.json()["generated_text"].strip()
+
+
+@dataclass
+class Stream:
+    """One streaming request in a thread; `started` is set once its first line arrives."""
+
+    url: str
+    body: dict
+    started: threading.Event = field(default_factory=threading.Event)
+    lines: list[dict] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with requests.post(f"{self.url}/invocations", data=orjson.dumps(self.body),
+                               stream=True, timeout=(5, 60)) as response:
+                for line in response.iter_lines():
+                    if line:
+                        self.lines.append(orjson.loads(line))
+                        self.started.set()
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+            self.started.set()
+
+
+def test_sigterm_lets_in_flight_streams_finish_then_exits_0(container):
+    tokens = 24
+    streams = [Stream(container.url, {"inputs": chat(q), "stream": True, "parameters": {
+        "max_new_tokens": tokens, "ignore_eos": True}}) for q in ("Hi", "Why?", "Cats", "Rain")]
+    threads = [threading.Thread(target=s.run) for s in streams]
+    for thread in threads:
+        thread.start()
+    assert all(s.started.wait(60) for s in streams)
+    assert not any("generated_text" in s.lines[-1] for s in streams if s.lines), "not in flight"
+
+    container.proc.send_signal(signal.SIGTERM)
+    assert container.proc.wait(timeout=30) == 0
+    for thread in threads:
+        thread.join(timeout=5)
+    assert [s.error for s in streams] == [None] * len(streams)
+    for stream in streams:
+        assert len(stream.lines) == tokens
+        assert stream.lines[-1]["generated_text"]
