@@ -62,9 +62,13 @@ class SlotKVCache:
         reads a view; else an index tensor: a gather), the positions [B, T] it writes, and how
         many positions attention reads."""
         self.reserve(max(read_len, int(positions.max()) + 1))
-        index = rows if isinstance(rows, torch.Tensor) else torch.arange(rows.start, rows.stop)
+        device = self.keys[0].device
+        if isinstance(rows, torch.Tensor):
+            rows = index = rows.to(device)
+        else:
+            index = torch.arange(rows.start, rows.stop, device=device)
         self._rows, self._read_len = rows, read_len
-        self._write_index = (index.to(positions.device)[:, None].expand_as(positions), positions)
+        self._write_index = (index[:, None].expand_as(positions), positions.to(device))
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *_: object):
         """Write this pass's keys/values [B, H, T, D] and return what attention reads."""

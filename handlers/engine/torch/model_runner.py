@@ -95,7 +95,7 @@ class ModelRunner:
         # A padded query attends to key 0 only, so its softmax stays finite.
         visible &= (offsets[None, :, None] < sizes[:, None, None]) | (keys[None, None, :] == 0)
         mask = self._additive(visible)[:, None]
-        slots = torch.tensor([c.slot for c in chunks], device=self.device)
+        slots = torch.tensor([c.slot for c in chunks])
         self.cache.bind(slots, positions, read_len)
         hidden = self._forward(ids, positions, mask)
         logits = []
