@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,9 +97,10 @@ class Stream:
 
 
 def test_sigterm_lets_in_flight_streams_finish_then_exits_0(container):
-    tokens = 24
+    tokens = 32
+    questions = ("Hi", "Why?", "Cats", "Rain", "Tea", "Maps", "Snow", "Jazz")
     streams = [Stream(container.url, {"inputs": chat(q), "stream": True, "parameters": {
-        "max_new_tokens": tokens, "ignore_eos": True}}) for q in ("Hi", "Why?", "Cats", "Rain")]
+        "max_new_tokens": tokens, "ignore_eos": True}}) for q in questions]
     threads = [threading.Thread(target=s.run) for s in streams]
     for thread in threads:
         thread.start()
@@ -106,6 +108,9 @@ def test_sigterm_lets_in_flight_streams_finish_then_exits_0(container):
     assert not any("generated_text" in s.lines[-1] for s in streams if s.lines), "not in flight"
 
     container.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)  # uvicorn notices should_exit within 0.1 s and closes its listener
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{container.url}/ping", timeout=5)
     assert container.proc.wait(timeout=30) == 0
     for thread in threads:
         thread.join(timeout=5)
