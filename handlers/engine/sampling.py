@@ -10,7 +10,9 @@ Hugging Face's typical_p (which vLLM lacks) last, where Hugging Face applies it:
 
 Reported log-probabilities are the log-softmax of the model's raw logits, before any of the
 processing above (vLLM's default "raw_logprobs"): they do not depend on a request's temperature,
-penalties or filters.
+penalties or filters. A structured-output grammar's mask is applied before `sample` (as in vLLM),
+so they are those of the masked distribution: tokens the grammar forbids have probability 0 and
+are never listed as alternatives.
 """
 
 from __future__ import annotations
@@ -321,5 +323,6 @@ def _result(
     top: list[list[tuple[int, float]]] = [[] for _ in samplers]
     if max(wanted, default=0):
         values, ids = (t.tolist() for t in logprobs.topk(max(wanted)))
-        top = [list(zip(ids[i][:n], values[i][:n], strict=True)) for i, n in enumerate(wanted)]
+        top = [[(t, v) for t, v in zip(ids[i][:n], values[i][:n], strict=True) if v > -math.inf]
+               for i, n in enumerate(wanted)]
     return SampleResult(tokens.tolist(), chosen.tolist(), top)

@@ -31,6 +31,24 @@ class RequestValidationError(ValueError):
         self.message = message
 
 
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Constrain the generated text to a grammar (OpenAI's `response_format`, forced tool calls).
+
+    `kind` is one of:
+    - "json_object": any JSON object (`spec` unused);
+    - "json_schema": JSON valid against the JSON schema `spec` (its text), always enforced as
+      OpenAI's strict mode does (properties the schema does not name are never generated);
+    - "regex": text matching the regular expression `spec`;
+    - "grammar": text of the EBNF grammar `spec` (llama.cpp's GBNF, starting at `root`).
+    A spec the engine cannot compile is refused at validation, blamed on request field `param`.
+    """
+
+    kind: str
+    spec: str = ""
+    param: str = "response_format"
+
+
 @dataclass
 class SamplingParams:
     """Per-request decoding settings. Defaults are LMI's; 0 / 1.0 / None mean "off"."""
@@ -58,6 +76,7 @@ class SamplingParams:
     prompt_logprobs: bool = False  # log-probabilities of the prompt tokens
     n: int = 1  # sequences returned
     best_of: int | None = None  # sequences generated (>= n); the best n by log-probability win
+    structured: StructuredOutput | None = None  # constrained decoding (each sequence on its own)
 
     @property
     def num_sequences(self) -> int:

@@ -20,6 +20,7 @@ import torch
 
 from handlers.engine import sampling
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
+from handlers.engine.structured import Grammars, mask_logits
 from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
 from handlers.engine.torch.sequence import RequestState, Sequence, make_token
 from handlers.engine.types import (
@@ -51,6 +52,7 @@ class ContinuousBatcher:
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.max_model_len = max_model_len
+        self.grammars = Grammars(tokenizer, runner.vocab_size, eos_token_ids)
         self.waiting: deque[GenerationRequest] = deque()
         self.prefilling: list[RequestState] = []  # FIFO, each holds a slot for its sequence 0
         self.decoding: list[Sequence] = []  # decoding[i].slot == i
@@ -163,6 +165,7 @@ class ContinuousBatcher:
                     stop_sequences=params.stop_sequences,
                     include_stop_str_in_output=params.include_stop_str_in_output,
                 ),
+                grammar=self.grammars.start(params.structured) if params.structured else None,
             )
             for i in range(params.num_sequences)
         ]
@@ -251,7 +254,10 @@ class ContinuousBatcher:
             self._owner[source] = None
         state.metrics.first_token_time = time.monotonic()
         rows = state.sequences
-        self._sample_rows(logits.expand(len(rows), -1), rows)
+        logits = logits.expand(len(rows), -1)
+        if state.request.params.structured is not None:
+            logits = logits.clone()  # each sequence's grammar masks its own row
+        self._sample_rows(logits, rows)
 
     def _claim_decode_slot(self, exclude: int) -> int:
         """Slot len(decoding), after moving a prefilling sequence that sits there elsewhere."""
@@ -299,11 +305,13 @@ class ContinuousBatcher:
         if not rows:
             return
         try:
+            mask_logits(logits, [seq.grammar for seq in rows])
             result = sampling.sample(logits, [seq.sampler for seq in rows])
         except Exception:
             log.exception("batched sampling failed; sampling row by row")
             for i, seq in enumerate(rows):
                 try:
+                    mask_logits(logits[i : i + 1], [seq.grammar])  # again: masking is idempotent
                     one = sampling.sample(logits[i : i + 1], [seq.sampler])
                     self._append(seq, one.token_ids[0], one.logprobs[0], one.top[0])
                 except Exception as exc:
@@ -319,6 +327,9 @@ class ContinuousBatcher:
     def _append(self, seq: Sequence, token_id: int, logprob: float,
                 top: list[tuple[int, float]]) -> None:
         """Record a sampled token, release its text, and decide whether the sequence stops."""
+        if seq.grammar is not None and not seq.grammar.accept(token_id):
+            self._grammar_rejected(seq, token_id)
+            return
         params = seq.params
         seq.token_ids.append(token_id)
         seq.generated += 1
@@ -328,12 +339,22 @@ class ContinuousBatcher:
         text = seq.detokenizer.add(token_id)
         seq.pending.append(make_token(self.tokenizer, token_id, text, logprob, top,
                                       self.special_ids))
+        ended = seq.grammar is not None and seq.grammar.is_terminated()  # took EOS (ignore_eos)
         if token_id in self.eos_token_ids and not params.ignore_eos:
             seq.finish(FinishReason.EOS)
-        elif token_id in params.stop_token_ids or seq.detokenizer.stopped:
+        elif token_id in params.stop_token_ids or seq.detokenizer.stopped or ended:
             seq.finish(FinishReason.STOP)
         elif seq.generated >= params.max_new_tokens or len(seq.token_ids) >= self.max_model_len:
             seq.finish(FinishReason.LENGTH)
+
+    @staticmethod
+    def _grammar_rejected(seq: Sequence, token_id: int) -> None:
+        """The grammar allowed no token this step: min_new_tokens held back the EOS that was all
+        a complete grammar allows. End there, without the token."""
+        if seq.grammar.is_completed():
+            seq.finish(FinishReason.STOP)
+        else:
+            seq.finish(FinishReason.ERROR, f"token {token_id} does not fit the structured output")
 
     # -- finishing ------------------------------------------------------------------------------
 

@@ -89,6 +89,8 @@ class TorchEngine:
                 f"{params.num_sequences} sequences exceed max_rolling_batch_size "
                 f"{self.batcher.max_batch_size}",
             )
+        if params.structured is not None:  # 1-5 ms for a new schema here, then a cache hit
+            self.batcher.grammars.compile(params.structured)
         request.prompt_token_ids = ids
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:

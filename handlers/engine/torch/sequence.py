@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
 from handlers.engine.sampling import SequenceSampler
+from handlers.engine.structured import SequenceGrammar
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,
@@ -36,6 +37,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     error: str | None = None
     pending: list[Token] = field(default_factory=list)  # produced since the last output
+    grammar: SequenceGrammar | None = None  # structured output: where this sequence is in it
 
     @property
     def finished(self) -> bool:

@@ -1,0 +1,140 @@
+"""Constrained decoding (structured output) with xgrammar.
+
+`Grammars` (one per engine, so per tokenizer) compiles a request's `StructuredOutput` when the
+engine validates it: a bad schema is a clean `RequestValidationError` before admission, and
+xgrammar's compiler cache (keyed by the grammar text and options) turns the batcher's second
+`compile` into a lookup. Each generated sequence gets its own `SequenceGrammar`; before sampling,
+`mask_logits` sets the tokens a row's grammar forbids next to -inf, and the batcher feeds the
+sampled token back with `accept`. The grammar allows the model's EOS only once it is complete, so
+a constrained sequence ends exactly there.
+
+JSON is compiled without free whitespace (`any_whitespace=False`: ", " and ": " separators, no
+newlines): small models otherwise tend to loop in whitespace until max_new_tokens. Compact JSON
+then never holds a raw control character, and tokens with one are refused outright: xgrammar
+0.2.8 lets strings with a maxLength take them (mlc-ai/xgrammar#800), which strict parsers reject.
+xgrammar is imported on the first structured request, so other requests never pay for it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from handlers.engine.types import RequestValidationError, StructuredOutput
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+_CACHE_BYTES = 128 << 20  # compiled grammars kept for reuse (a typical schema: ~0.5 MB)
+_ANY_OBJECT = '{"type": "object"}'
+_CONTROL = re.compile(rb"[\x00-\x1f]")
+# the C++ prefixes of xgrammar's errors: "[time] file.cc:123: " and "Check failed: (...) is false: "
+_NOISE = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*(Check failed: .*? is false:\s*)?")
+
+_COMPILE: dict[str, Callable[[xgr.GrammarCompiler, str], xgr.CompiledGrammar]] = {
+    "json_object": lambda c, _: c.compile_json_schema(_ANY_OBJECT, any_whitespace=False),
+    "json_schema": lambda c, text: c.compile_json_schema(text, any_whitespace=False),
+    "regex": lambda c, text: c.compile_regex(text),
+    "grammar": lambda c, text: c.compile_grammar(text),
+}
+_JSON_KINDS = ("json_object", "json_schema")
+
+
+class SequenceGrammar:
+    """One sequence's progress through its grammar."""
+
+    def __init__(self, matcher: xgr.GrammarMatcher, banned: torch.Tensor | None) -> None:
+        self.matcher = matcher
+        self.banned = banned  # token ids masked whatever the grammar allows
+
+    def accept(self, token_id: int) -> bool:
+        """Advance past `token_id`; False (and no change) when the grammar does not allow it."""
+        return self.matcher.accept_token(token_id)
+
+    def is_completed(self) -> bool:
+        """The text so far is a whole match (only EOS, or a longer match, may follow)."""
+        return self.matcher.is_completed()
+
+    def is_terminated(self) -> bool:
+        """The grammar accepted its closing EOS."""
+        return self.matcher.is_terminated()
+
+
+class Grammars:
+    """Compiles structured-output specs for one tokenizer and starts per-sequence grammars.
+
+    Safe to call from several threads (the server validates, the engine thread starts sequences).
+    `vocab_size` is the model's logits width, which may differ from the tokenizer's length (padded
+    embeddings, or tokens the model lacks): masks are sized to the logits.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: set[int]) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_token_ids = sorted(stop_token_ids)
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._control_ids: torch.Tensor | None = None  # tokens holding a raw control character
+        self._lock = threading.Lock()
+
+    def compile(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
+        """The compiled grammar for `spec`; raises RequestValidationError(spec.param, ...)."""
+        build = _COMPILE.get(spec.kind)
+        if build is None:
+            raise RequestValidationError(
+                spec.param, f"unknown structured output kind {spec.kind!r}; "
+                f"expected one of {', '.join(_COMPILE)}")
+        try:
+            return build(self._get_compiler(spec.param), spec.spec)
+        except RuntimeError as exc:  # xgrammar's errors (bad JSON, unsupported schema...)
+            message = f"invalid {spec.kind}: {_reason(exc)}"
+            raise RequestValidationError(spec.param, message) from exc
+
+    def start(self, spec: StructuredOutput) -> SequenceGrammar:
+        """A sequence's grammar, at its start."""
+        import xgrammar as xgr
+
+        matcher = xgr.GrammarMatcher(self.compile(spec))
+        return SequenceGrammar(matcher, self._control_ids if spec.kind in _JSON_KINDS else None)
+
+    def _get_compiler(self, param: str) -> xgr.GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                try:
+                    import xgrammar as xgr
+                except ImportError as exc:
+                    raise RequestValidationError(
+                        param, "structured output needs the xgrammar package") from exc
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self._vocab_size,
+                    stop_token_ids=self._stop_token_ids)
+                self._control_ids = torch.tensor([i for i, piece in enumerate(info.decoded_vocab)
+                                                  if _CONTROL.search(piece)], dtype=torch.long)
+                self._compiler = xgr.GrammarCompiler(info, cache_limit_bytes=_CACHE_BYTES)
+            return self._compiler
+
+
+def mask_logits(logits: torch.Tensor, grammars: list[SequenceGrammar | None]) -> None:
+    """Set to -inf, in place, the logits that row i's grammar forbids next (`grammars[i]`);
+    rows without a grammar are not touched. `logits` is [B, V] with distinct rows."""
+    rows = [i for i, g in enumerate(grammars) if g is not None]
+    if not rows:
+        return
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(grammars), logits.shape[-1])
+    for i in rows:
+        grammars[i].matcher.fill_next_token_bitmask(bitmask, i)
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+    for i in rows:
+        if grammars[i].banned is not None:
+            logits[i, grammars[i].banned.to(logits.device)] = -torch.inf
+
+
+def _reason(exc: Exception) -> str:
+    """xgrammar's message without its C++ prefixes, on one line."""
+    lines = [_NOISE.sub("", line).strip() for line in str(exc).splitlines()]
+    return " ".join(line for line in lines if line)[:300]
