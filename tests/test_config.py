@@ -400,3 +400,13 @@ def test_log_config_logs_each_value_with_its_source(tmp_path, caplog):
     assert any("option.tensor_parallel_degree = 2 [env SM_NUM_GPUS]" in x for x in lines)
     assert any("option.dtype = auto [default]" in x for x in lines)
     assert len(lines) == len(config.sources)
+
+
+def test_the_embedded_defaults_properties_leave_the_environment_in_charge():
+    """The image copies the top-level serving.properties to /opt/ml/model, and serving.properties
+    outranks OPTION_*: it must set nothing a SageMaker endpoint's environment could ask for."""
+    env = {"OPTION_MAX_ROLLING_BATCH_SIZE": "8", "OPTION_OUTPUT_FORMATTER": "sse",
+           "OPTION_ROLLING_BATCH": "disable", "HF_MODEL_ID": "/models/tiny"}
+    config = load(REPO_DIR, env=env)
+    assert (config.max_rolling_batch_size, config.output_formatter, config.rolling_batch,
+            config.model_id) == (8, "sse", "disable", "/models/tiny")
