@@ -1,0 +1,133 @@
+"""LMI's dynamic-batch schema (`option.rolling_batch=disable`, seed 004): pure functions.
+
+The body is `{"inputs": str | [str, ...], "parameters": {...}}`; the answer is a list with one
+`{"generated_text": ...}` per input, in input order (a single string is answered with a list of
+one, as DJL slices its batch predictions). `details` and the body's `stream` have no effect, as
+in DJL: details belong to rolling batch, and only `option.enable_streaming` streams. A stream
+is jsonlines `{"outputs": [text, ...]}`, one entry per input, one line per engine step. Errors
+are DJL's handler failure `{"code": 424, "message": "invoke handler failure", "error": ...}`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from handlers.engine.types import GenerationRequest, RequestOutput
+from handlers.protocols.lmi.accumulator import FAILED, Accumulator
+from handlers.protocols.lmi.errors import LmiError
+from handlers.protocols.lmi.formatters import FAILURE_STATUS
+from handlers.protocols.lmi.request import LmiParameters, describe_errors, to_sampling_params
+
+HANDLER_FAILURE = "invoke handler failure"
+
+
+def _as_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError("must be a string or a list of strings")
+    return value
+
+
+Prompts = Annotated[
+    list[Annotated[str, Field(min_length=1)]], Field(min_length=1), BeforeValidator(_as_list)
+]
+
+
+class DynamicRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: Prompts
+    parameters: LmiParameters = Field(default_factory=LmiParameters)
+
+
+def parse_dynamic_request(body: Any) -> DynamicRequest:
+    """Validate a decoded JSON body; raise LmiError (424) naming the offending field."""
+    if not isinstance(body, dict):
+        raise LmiError("request body must be a JSON object with an 'inputs' field")
+    try:
+        request = DynamicRequest.model_validate(body)
+    except ValidationError as exc:
+        raise LmiError(describe_errors(exc)) from None
+    p = request.parameters
+    if p.num_beams > 1:
+        raise LmiError("parameters.num_beams: beam search is not supported")
+    if p.num_sequences > 1:
+        raise LmiError("parameters.n: n and best_of > 1 are not supported with dynamic batching")
+    return request
+
+
+def to_generation_requests(request: DynamicRequest) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(prompt=prompt, params=to_sampling_params(request.parameters))
+        for prompt in request.inputs
+    ]
+
+
+def input_field(request: DynamicRequest, index: int) -> str:
+    """How errors name one input: `inputs`, or `inputs.2` within a list (pydantic's style)."""
+    return "inputs" if len(request.inputs) == 1 else f"inputs.{index}"
+
+
+def error_body(message: str, status: int = 424) -> bytes:
+    return orjson.dumps({"code": status, "message": HANDLER_FAILURE, "error": message})
+
+
+def collect(accumulators: list[Accumulator], pairs: list[tuple[int, RequestOutput]]) -> None:
+    for index, output in pairs:
+        accumulators[index].add(output)
+
+
+def render_answer(accumulators: list[Accumulator], request: DynamicRequest) -> tuple[int, bytes]:
+    """The non-streaming answer: (HTTP status, body). One failed input fails the request."""
+    for acc in accumulators:
+        failure = acc.failure()
+        if failure is not None:
+            status = FAILURE_STATUS[failure.reason]
+            return status, error_body(failure.message, status)
+    full = request.parameters.return_full_text
+    answers = [
+        {"generated_text": (prompt if full else "") + acc.sequences[0].text}
+        for prompt, acc in zip(request.inputs, accumulators, strict=True)
+    ]
+    return 200, orjson.dumps(answers)
+
+
+class StreamLines:
+    """Renders a job's outputs as `{"outputs": [...]}` lines: each line holds the text every
+    input released in one step ("" for an input with none). A failed input sets `failure`."""
+
+    def __init__(self, inputs: int) -> None:
+        self.inputs = inputs
+        self.failure: str | None = None
+        self._open = set(range(inputs))
+
+    @property
+    def done(self) -> bool:
+        return not self._open or self.failure is not None
+
+    def feed(self, pairs: list[tuple[int, RequestOutput]]) -> bytes:
+        """The line for these outputs; b"" when none of them released any text."""
+        texts = [""] * self.inputs
+        for index, output in pairs:
+            for seq in output.outputs:
+                if seq.index != 0:
+                    continue
+                texts[index] += seq.text
+                if seq.finish_reason in FAILED and self.failure is None:
+                    self.failure = seq.error or "generation failed"
+            if output.finished:
+                self._open.discard(index)
+        return self.line(texts) if any(texts) else b""
+
+    @staticmethod
+    def line(texts: list[str]) -> bytes:
+        return orjson.dumps({"outputs": texts}) + b"\n"
+
+    def error(self, message: str) -> bytes:
+        """The last line of a stream that failed after it began: DJL's failure body."""
+        self.failure = self.failure or message
+        return error_body(message) + b"\n"

@@ -1,0 +1,329 @@
+"""Dynamic batching (`option.rolling_batch=disable`): the StaticBatcher over the FakeEngine, the
+dynamic-batch schema's pure functions, and its routes (tests/fakes.py scripts the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+import pytest
+import uvicorn
+from fakes import FakeEngine
+from tiny_model import make_tiny_model_dir
+
+from handlers.engine.loader import load_model
+from handlers.engine.static_batcher import StaticBatcher
+from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.types import (
+    FinishReason,
+    GenerationRequest,
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+    SequenceOutput,
+    Token,
+)
+from handlers.protocols.lmi.dynamic import StreamLines, parse_dynamic_request
+from handlers.protocols.lmi.errors import LmiError
+from handlers.server.app import ServerSettings, create_app
+from handlers.server.dynamic_handler import DynamicBatching
+
+
+@dataclass
+class RecordingEngine(FakeEngine):
+    """Records when the engine started and finished each prompt."""
+
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        self.events.append(("start", request.prompt))
+        async for output in super().generate(request):
+            yield output
+        self.events.append(("end", request.prompt))
+
+
+def req(prompt: str, max_new_tokens: int = 3) -> GenerationRequest:
+    return GenerationRequest(prompt, SamplingParams(max_new_tokens=max_new_tokens))
+
+
+async def texts(batcher: StaticBatcher, requests: list[GenerationRequest]) -> list[str]:
+    """Run one job to its end; the text of each of its prompts, in prompt order."""
+    out = [""] * len(requests)
+    async for pairs in batcher.submit(requests):
+        for index, output in pairs:
+            out[index] += "".join(s.text for s in output.outputs)
+    return out
+
+
+# --- the batcher ----------------------------------------------------------------------------
+
+
+async def test_batches_close_at_batch_size_and_run_one_after_the_other():
+    engine = RecordingEngine(token_delay=0.01)
+    batcher = StaticBatcher(engine, batch_size=4, max_batch_delay_ms=60_000)
+    prompts = [f"p{i}" for i in range(8)]
+    async with asyncio.timeout(5):  # a batch that waited for its delay would time out here
+        await asyncio.gather(*(texts(batcher, [req(p)]) for p in prompts))
+    kinds = [kind for kind, _ in engine.events]
+    assert kinds == ["start"] * 4 + ["end"] * 4 + ["start"] * 4 + ["end"] * 4
+    assert {p for _, p in engine.events[:4]} == set(prompts[:4])
+    stats = batcher.stats()
+    assert (stats["dynamic_batches"], stats["dynamic_batch_requests"]) == (2, 8)
+
+
+async def test_a_batch_closes_after_max_batch_delay_with_fewer_requests():
+    engine = RecordingEngine()
+    batcher = StaticBatcher(engine, batch_size=4, max_batch_delay_ms=200)
+    start = time.monotonic()
+    assert await texts(batcher, [req("a b")]) == [" a b a"]
+    assert 0.2 <= time.monotonic() - start < 1.0
+    assert batcher.stats()["dynamic_batches"] == 1
+
+
+async def test_a_list_input_is_one_request_and_keeps_input_order():
+    engine = RecordingEngine()
+    batcher = StaticBatcher(engine, batch_size=2, max_batch_delay_ms=60_000)
+    async with asyncio.timeout(5):
+        listed, single = await asyncio.gather(
+            texts(batcher, [req("a b", 2), req("c d e", 3), req("f", 1)]),
+            texts(batcher, [req("g h", 2)]),
+        )
+    assert listed == [" a b", " c d e", " f"]
+    assert single == [" g h"]
+    assert batcher.stats()["dynamic_batches"] == 1
+
+
+async def test_requests_in_one_batch_keep_their_own_parameters():
+    batcher = StaticBatcher(FakeEngine(), batch_size=2, max_batch_delay_ms=60_000)
+    short, long = await asyncio.gather(
+        texts(batcher, [req("a b c", 1)]), texts(batcher, [req("a b c", 5)])
+    )
+    assert (short, long) == ([" a"], [" a b c a b"])
+
+
+async def test_a_failing_request_fails_only_itself():
+    batcher = StaticBatcher(FakeEngine(), batch_size=3, max_batch_delay_ms=60_000)
+    results = await asyncio.gather(
+        texts(batcher, [req("a b")]),
+        texts(batcher, [req("x y [[raise:1]]")]),
+        texts(batcher, [req("c d")]),
+        return_exceptions=True,
+    )
+    assert results[0] == [" a b a"] and results[2] == [" c d c"]
+    assert isinstance(results[1], RuntimeError) and "scripted failure" in str(results[1])
+
+
+async def test_a_request_closed_while_queued_never_runs_nor_counts():
+    engine = RecordingEngine()
+    batcher = StaticBatcher(engine, batch_size=2, max_batch_delay_ms=60_000)
+    gone = batcher.submit([req("gone")])
+    assert batcher.stats()["waiting_requests"] == 1
+    await gone.aclose()
+    assert batcher.stats()["waiting_requests"] == 0
+    async with asyncio.timeout(5):
+        results = await asyncio.gather(texts(batcher, [req("a")]), texts(batcher, [req("b")]))
+    assert results == [[" a a a"], [" b b b"]]
+    assert "gone" not in [p for _, p in engine.events]
+    assert batcher.stats()["dynamic_batch_requests"] == 2
+
+
+async def test_aborting_a_running_request_frees_the_batch_for_the_next():
+    engine = FakeEngine(token_delay=0.01)
+    batcher = StaticBatcher(engine, batch_size=1, max_batch_delay_ms=0)
+    request = req("a b", max_new_tokens=100_000)
+    stream = batcher.generate(request)
+    await anext(stream)
+    await stream.aclose()
+    await batcher.abort(request.request_id)
+    async with asyncio.timeout(2):
+        assert await texts(batcher, [req("c", 2)]) == [" c c"]
+    assert request.request_id in engine.aborted
+
+
+async def test_the_torch_engine_runs_each_batch_together_and_alone(tmp_path):
+    engine = TorchEngine(load_model(make_tiny_model_dir(tmp_path), dtype="fp32"))
+    await engine.start()
+    batcher = StaticBatcher(engine, batch_size=4, max_batch_delay_ms=60_000)
+
+    async def running_per_step(i: int) -> set[int]:
+        params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+        request = GenerationRequest(f"prompt {i}", params)
+        batcher.validate(request)
+        return {engine.stats()["running_requests"] async for _ in batcher.submit([request])}
+
+    try:
+        async with asyncio.timeout(30):
+            seen = await asyncio.gather(*(running_per_step(i) for i in range(8)))
+    finally:
+        await batcher.shutdown()
+    assert max(set().union(*seen)) == 4  # a batch's 4 prompts ran together; 8 never did
+
+
+# --- the schema -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"parameters": {}}, "inputs: Field required"),
+        ({"inputs": 5}, "inputs: Value error, must be a string or a list of strings"),
+        ({"inputs": []}, "inputs: List should have at least 1 item"),
+        ({"inputs": ["a", ""]}, "inputs.1: String should have at least 1 character"),
+        ({"inputs": "a", "parameters": {"top_p": 2}}, "parameters.top_p: Input should be"),
+        ({"inputs": "a", "parameters": {"n": 2}}, "parameters.n: n and best_of > 1 are not"),
+    ],
+)
+def test_bad_bodies_are_refused_naming_the_field(body, message):
+    with pytest.raises(LmiError) as caught:
+        parse_dynamic_request(body)
+    assert caught.value.status == 424
+    assert caught.value.message.startswith(message)
+
+
+def test_a_string_input_is_a_list_of_one():
+    assert parse_dynamic_request({"inputs": "hi"}).inputs == ["hi"]
+
+
+def output(rid: str, text: str, finished: bool = False) -> RequestOutput:
+    reason = FinishReason.LENGTH if finished else None
+    seq = SequenceOutput(0, [Token(1, text, -1.0)] if text else [], reason)
+    return RequestOutput(rid, [seq], 1, RequestMetrics(0.0), finished=finished)
+
+
+def test_stream_lines_hold_one_text_per_input_and_skip_silent_steps():
+    lines = StreamLines(3)
+    assert lines.feed([(0, output("a", " x")), (2, output("c", " z"))]) == (
+        b'{"outputs":[" x",""," z"]}\n'
+    )
+    assert lines.feed([(1, output("b", ""))]) == b""
+    assert not lines.done
+    lines.feed([(i, output(r, "", finished=True)) for i, r in enumerate("abc")])
+    assert lines.done and lines.failure is None
+
+
+# --- the routes -----------------------------------------------------------------------------
+
+
+def settings(batch_size: int = 4, delay_ms: int = 50, streaming: bool = False) -> ServerSettings:
+    batching = DynamicBatching(batch_size, delay_ms, streaming)
+    return ServerSettings(model_name="fake-model", dynamic_batching=batching)
+
+
+def client_for(engine: FakeEngine, **kwargs) -> httpx.AsyncClient:
+    app = create_app(engine, settings(**kwargs))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://lmi")
+
+
+def lines_of(response: httpx.Response) -> list[dict]:
+    return [orjson.loads(line) for line in response.text.splitlines()]
+
+
+async def test_answers_are_lists_in_input_order_and_details_and_stream_change_nothing():
+    async with client_for(FakeEngine()) as client:
+        single, listed = await asyncio.gather(
+            client.post("/invocations", json={
+                "inputs": "a b", "parameters": {"max_new_tokens": 3}, "stream": True
+            }),
+            client.post("/predictions/fake-model", json={
+                "inputs": ["c d", "e"], "parameters": {"max_new_tokens": 2, "details": True}
+            }),
+        )
+    assert single.headers["content-type"] == "application/json"
+    assert single.json() == [{"generated_text": " a b a"}]
+    assert listed.json() == [{"generated_text": " c d"}, {"generated_text": " e e"}]
+
+
+async def test_return_full_text_prefixes_each_prompt():
+    async with client_for(FakeEngine()) as client:
+        body = {"inputs": ["a", "b"], "parameters": {"max_new_tokens": 1, "return_full_text": True}}
+        response = await client.post("/invocations", json=body)
+    assert response.json() == [{"generated_text": "a a"}, {"generated_text": "b b"}]
+
+
+async def test_bad_requests_in_a_batch_get_424_and_the_others_succeed():
+    engine = FakeEngine()
+    async with client_for(engine, batch_size=4, delay_ms=60_000) as client:
+        responses = await asyncio.gather(*(client.post("/invocations", json=body) for body in [
+            {"inputs": "a", "parameters": {"max_new_tokens": 3}},
+            {"inputs": ["b", "c [[invalid]]"]},
+            {"inputs": "d [[raise:1]]"},
+            {"inputs": "e [[error:1]]"},
+            {"inputs": "f", "parameters": {"max_new_tokens": 3}},
+        ]))
+        metrics = (await client.get("/metrics")).text
+    assert [r.status_code for r in responses] == [200, 424, 424, 424, 200]
+    assert responses[1].json() == {
+        "code": 424,
+        "message": "invoke handler failure",
+        "error": "inputs.1: the prompt carries the [[invalid]] marker",
+    }
+    assert "scripted failure" in responses[2].json()["error"]
+    assert "scripted error" in responses[3].json()["error"]
+    assert responses[4].json() == [{"generated_text": " f f f"}]
+    # The invalid request never joined a batch: 4 requests made the one batch.
+    assert 'lmi_dynamic_batch_size_count{model="fake-model"} 1.0' in metrics
+    assert 'lmi_dynamic_batch_size_sum{model="fake-model"} 4.0' in metrics
+
+
+async def test_enable_streaming_streams_outputs_lines():
+    async with client_for(FakeEngine(token_delay=0.01), streaming=True) as client:
+        body = {"inputs": ["a b", "c"], "parameters": {"max_new_tokens": 3}}
+        response = await client.post("/invocations", json=body)
+    assert response.headers["content-type"] == "application/jsonlines"
+    outputs = [line["outputs"] for line in lines_of(response)]
+    assert len(outputs) > 1 and all(len(texts) == 2 for texts in outputs)
+    assert ["".join(column) for column in zip(*outputs, strict=True)] == [" a b a", " c c c"]
+
+
+async def test_a_stream_failing_after_text_ends_with_the_failure_body():
+    async with client_for(FakeEngine(), streaming=True) as client:
+        streamed, early = await asyncio.gather(
+            client.post("/invocations", json={"inputs": "a [[raise:2]]"}),
+            client.post("/invocations", json={"inputs": "b [[error:0]]"}),
+        )
+    assert streamed.status_code == 200
+    assert lines_of(streamed)[:2] == [{"outputs": [" a"]}, {"outputs": [" a"]}]
+    last = lines_of(streamed)[-1]
+    assert (last["code"], last["message"]) == (424, "invoke handler failure")
+    assert "scripted failure after 2 tokens" in last["error"]
+    assert early.status_code == 424 and "scripted error" in early.json()["error"]
+
+
+# --- a client that goes away, over a real socket --------------------------------------------
+
+
+@pytest.fixture
+async def live(request) -> AsyncIterator[tuple[FakeEngine, str]]:
+    engine = FakeEngine(token_delay=0.01)
+    app = create_app(engine, settings(batch_size=1, delay_ms=0, streaming=request.param))
+    config = uvicorn.Config(app, "127.0.0.1", 0, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield engine, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await task
+
+
+@pytest.mark.parametrize("live", [False, True], indirect=True, ids=["json", "stream"])
+async def test_a_client_that_disconnects_is_aborted_and_frees_the_batch(live):
+    engine, url = live
+    long = {"inputs": "a b", "parameters": {"max_new_tokens": 100_000}}
+    async with httpx.AsyncClient(base_url=url) as client:
+        pending = asyncio.create_task(client.post("/invocations", json=long))
+        while not engine.requests:
+            await asyncio.sleep(0.01)
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        async with asyncio.timeout(3):  # batch_size=1: this runs only once the first is gone
+            response = await client.post("/invocations", json={"inputs": "c"})  # 30 tokens
+    assert response.status_code == 200
+    assert engine.requests[0].request_id in engine.aborted
