@@ -1,0 +1,118 @@
+"""Chat messages -> the prompt text, through the model's own chat template.
+
+Roles: system (only as the first message; OpenAI's `developer` is its alias), user, assistant,
+tool (which must carry `tool_call_id`). Content is a string or a list of text parts; image,
+video, audio and file parts are refused (400): the served model reads text only.
+
+Tools are offered through the template's `tools` argument when the template renders them; a
+template that ignores them (SmolLM2's does) gets them in the system message instead, in the
+format `tool_calls.TOOL_PROMPT` documents, and past assistant tool calls as that format's text.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jinja2
+import jinja2.meta
+
+from handlers.protocols.openai import tool_calls
+from handlers.protocols.openai.errors import OpenAIError
+from handlers.protocols.openai.requests import ChatCompletionRequest, ChatMessage
+
+MEDIA_PARTS = frozenset({"image_url", "input_image", "image", "video_url", "video", "audio_url",
+                         "input_audio", "audio", "file"})
+
+
+def render_chat_prompt(tokenizer: Any, request: ChatCompletionRequest) -> str:
+    template = _template(tokenizer, request)
+    uses = template_variables(template) if template else frozenset()
+    tools = offered_tools(request)
+    knows_calls = template is not None and "tool_calls" in template
+    messages = [_message(m, i, knows_calls) for i, m in enumerate(request.messages)]
+    if tools and "tools" not in uses:
+        messages = tool_calls.with_tool_prompt(messages, tools)
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools if "tools" in uses else None, chat_template=template,
+            tokenize=False, add_generation_prompt=True)
+    except (jinja2.TemplateError, TypeError, ValueError) as exc:
+        raise OpenAIError(f"messages: the model's chat template cannot render them: {exc}",
+                          "messages") from None
+
+
+def offered_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The tools as the template sees them; none when `tool_choice` is "none"."""
+    if not request.tools or request.tool_choice == "none":
+        return None
+    return [t.model_dump(exclude_none=True) for t in request.tools]
+
+
+def _template(tokenizer: Any, request: ChatCompletionRequest) -> str | None:
+    """The template the tokenizer would use (None: a tokenizer that renders chats itself)."""
+    getter = getattr(tokenizer, "get_chat_template", None)
+    if getter is None:
+        return None
+    try:
+        return getter(tools=offered_tools(request))
+    except ValueError:
+        raise OpenAIError("messages: this model has no chat template; use /v1/completions "
+                          "with a prompt instead", "messages") from None
+
+
+@functools.lru_cache(maxsize=8)
+def template_variables(template: str) -> frozenset[str]:
+    """The names a chat template reads from its context (e.g. whether it renders `tools`)."""
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
+    except jinja2.TemplateError:  # a tag of transformers' own ({% generation %}): guess by name
+        return frozenset(name for name in ("tools",) if name in template)
+
+
+def _message(message: ChatMessage, index: int, template_has_tool_calls: bool) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    role = "system" if message.role == "developer" else message.role
+    if role == "system" and index > 0:
+        raise OpenAIError(f"{where}.role: a system message may only come first",
+                          f"{where}.role", code="invalid_value")
+    if role == "tool" and not message.tool_call_id:
+        raise OpenAIError(f"{where}.tool_call_id: required for a tool message",
+                          f"{where}.tool_call_id", code="missing_required_parameter")
+    if message.content is None and not (role == "assistant" and message.tool_calls):
+        raise OpenAIError(f"{where}.content: required for a {message.role} message",
+                          f"{where}.content", code="missing_required_parameter")
+    out: dict[str, Any] = {"role": role, "content": content_text(message.content, where)}
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    if message.tool_calls:
+        calls = [tool_calls.template_call(c) for c in message.tool_calls]
+        if template_has_tool_calls:
+            out["tool_calls"] = calls
+        else:
+            out["content"] = tool_calls.append_calls_text(out["content"], calls)
+    return out
+
+
+def content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    """A message's text: the string, or its text parts joined by newlines."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        param = f"{where}.content[{j}]"
+        kind = part.get("type")
+        if kind in MEDIA_PARTS:
+            raise OpenAIError(f"{param}.type: this model is text-only; {kind} content is not "
+                              "supported", f"{param}.type", code="invalid_value")
+        if kind != "text":
+            raise OpenAIError(f"{param}.type: must be 'text' (got {kind!r})", f"{param}.type",
+                              code="invalid_value")
+        if not isinstance(part.get("text"), str):
+            raise OpenAIError(f"{param}.text: a text part needs a string 'text'",
+                              f"{param}.text", code="invalid_type")
+        texts.append(part["text"])
+    return "\n".join(texts)

@@ -1,0 +1,223 @@
+"""chat.completion and chat.completion.chunk objects, from the engine's outputs (pure).
+
+Streaming follows OpenAI: each choice opens with a `{"role": "assistant", "content": ""}` delta,
+then content and tool-call deltas, the last carrying `finish_reason`. A tool call parsed from
+the text (tool_choice auto or required) arrives whole in one delta; a named function's call
+streams its arguments as they are generated. With
+`stream_options.include_usage` every chunk has `"usage": null` and one more chunk with empty
+`choices` carries the usage; without it the usage rides on the final chunk (as MindIE sends it).
+MindIE's `full_text` variant (`option.full_text_enabled`) sends the whole text so far in every
+delta and `full_text` on the final chunk. Non-streaming answers carry MindIE's `prefill_time` and
+`decode_time_arr` (milliseconds).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.engine.types import RequestOutput, SequenceOutput
+from handlers.protocols.openai.accumulate import (
+    Choice,
+    Collected,
+    ResponseContext,
+    finish_reason,
+    usage,
+)
+from handlers.protocols.openai.logprobs import chat_logprobs
+from handlers.protocols.openai.requests import ChatCompletionRequest, NamedToolChoice
+from handlers.protocols.openai.tool_calls import (
+    ParsedCall,
+    ToolCallParser,
+    parse_calls_json,
+)
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+    tool_mode: str = "none"  # none | auto | named | required
+    tool_names: frozenset[str] = frozenset()
+    include_usage: bool = False
+    full_text: bool = False
+
+    @classmethod
+    def for_request(cls, request: ChatCompletionRequest, full_text_enabled: bool) -> ChatOptions:
+        choice = request.tool_choice
+        names = frozenset(t.function.name for t in request.tools or [])
+        if isinstance(choice, NamedToolChoice):
+            mode, names = "named", frozenset([choice.function.name])
+        elif not names or choice == "none":
+            mode = "none"
+        else:
+            mode = "required" if choice == "required" else "auto"
+        return cls(
+            n=request.n,
+            logprobs=bool(request.logprobs),
+            top_logprobs=request.top_logprobs or 0,
+            tool_mode=mode,
+            tool_names=names,
+            include_usage=bool(request.stream_options and request.stream_options.include_usage),
+            full_text=full_text_enabled,
+        )
+
+
+class ToolExtractor:
+    """Splits one choice's streamed text into content and tool calls, by `tool_mode`: auto
+    parses the text format in `tool_calls`; a forced call's (constrained) output is JSON, held
+    to the end: the named function's arguments, or a list of calls for `required`."""
+
+    def __init__(self, opts: ChatOptions) -> None:
+        self.mode = opts.tool_mode
+        self.names = set(opts.tool_names)
+        self.parser = ToolCallParser(self.names) if self.mode == "auto" else None
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
+        if self.parser is not None:
+            return self.parser.feed(text)
+        if self.mode == "none":
+            return text, []
+        self.held += text
+        return "", []
+
+    def finish(self) -> tuple[str, list[ParsedCall]]:
+        if self.parser is not None:
+            return self.parser.finish()
+        if self.mode == "named":
+            return "", [ParsedCall(next(iter(self.names)), self.held)]
+        if self.mode == "required":
+            calls = parse_calls_json(self.held, self.names)
+            return ("", calls) if calls else (self.held, [])
+        return "", []
+
+
+def tool_call(call: ParsedCall) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def render_chat_completion(ctx: ResponseContext, opts: ChatOptions, col: Collected
+                           ) -> dict[str, Any]:
+    choices = col.ranked(opts.n)
+    prefill_time, decode_times = col.timings_ms()
+    return {
+        "id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
+        "choices": [_message_choice(ctx, opts, c) for c in choices],
+        "usage": usage(col.prompt_token_count, col.completion_tokens(choices)),
+        "prefill_time": prefill_time,
+        "decode_time_arr": decode_times,
+    }
+
+
+def _message_choice(ctx: ResponseContext, opts: ChatOptions, choice: Choice) -> dict[str, Any]:
+    extractor = ToolExtractor(opts)
+    content, calls = extractor.feed(choice.text)
+    tail, more = extractor.finish()
+    content, calls = content + tail, calls + more
+    message = {"role": "assistant",
+               "content": None if calls and not content.strip() else content,
+               "tool_calls": [tool_call(c) for c in calls] or None}
+    logprobs = (chat_logprobs(choice.tokens, ctx.token_text, opts.top_logprobs)
+                if opts.logprobs else None)
+    return {"index": choice.index, "message": message, "logprobs": logprobs,
+            "finish_reason": finish_reason(choice.finish_reason, bool(calls))}
+
+
+@dataclass
+class _ChoiceStream:
+    extractor: ToolExtractor
+    text: str = ""  # content sent so far (full_text mode)
+    calls: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class ChatStream:
+    """Turns each RequestOutput into the chat.completion.chunk objects to send."""
+
+    ctx: ResponseContext
+    opts: ChatOptions
+    done: bool = False
+    _choices: dict[int, _ChoiceStream] = field(default_factory=dict)
+
+    def feed(self, output: RequestOutput) -> list[dict[str, Any]]:
+        chunks: list[dict[str, Any]] = []
+        for seq in output.outputs:
+            chunks += self._choice_chunks(seq)
+        if output.finished and not self.done:
+            self.done = True
+            spent = sum(c.completion_tokens for c in self._choices.values())
+            total = usage(output.prompt_token_count, spent)
+            if self.opts.include_usage or not chunks:
+                chunks.append(self.chunk([], usage=total))
+            else:
+                chunks[-1]["usage"] = total
+        return chunks
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        out = {"id": self.ctx.id, "object": "chat.completion.chunk", "created": self.ctx.created,
+               "model": self.ctx.model, "choices": choices}
+        if self.opts.include_usage:
+            out["usage"] = None
+        return {**out, **extra}
+
+    def _choice_chunks(self, seq: SequenceOutput) -> list[dict[str, Any]]:
+        state = self._choices.get(seq.index)
+        chunks = []
+        if state is None:
+            state = self._choices[seq.index] = _ChoiceStream(ToolExtractor(self.opts))
+            if not self.opts.full_text:
+                opening = {"role": "assistant", "content": ""}
+                chunks.append(self.chunk([_delta(seq.index, opening, None, None)]))
+        state.completion_tokens = seq.generated_tokens
+        if self.opts.tool_mode == "named":
+            delta = self._arguments_delta(state, seq.text)
+            changed = bool(delta)
+        else:
+            content, calls = state.extractor.feed(seq.text)
+            if seq.finished:
+                tail, more = state.extractor.finish()
+                content, calls = content + tail, calls + more
+            changed = bool(content or calls)
+            delta = self._delta(state, content, calls)
+        logprobs = (chat_logprobs(seq.tokens, self.ctx.token_text, self.opts.top_logprobs)
+                    if self.opts.logprobs else None)
+        reason = finish_reason(seq.finish_reason, state.calls > 0)
+        if changed or (logprobs and logprobs["content"]) or reason:
+            extra = {"full_text": state.text} if self.opts.full_text and reason else {}
+            chunks.append(self.chunk([_delta(seq.index, delta, logprobs, reason)], **extra))
+        return chunks
+
+    def _delta(self, state: _ChoiceStream, content: str, calls: list[ParsedCall]
+               ) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if self.opts.full_text:
+            state.text += content
+            delta = {"role": "assistant", "content": state.text}
+        elif content:
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = [{"index": state.calls + i, **tool_call(c)}
+                                   for i, c in enumerate(calls)]
+            state.calls += len(calls)
+        return delta
+
+
+    def _arguments_delta(self, state: _ChoiceStream, text: str) -> dict[str, Any]:
+        """A named call streams as OpenAI streams one: id and name first, then arguments."""
+        if not text:
+            return {}
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+        if not state.calls:
+            state.calls = 1
+            call = {"index": 0, **tool_call(ParsedCall(next(iter(self.opts.tool_names)), text))}
+        return {"tool_calls": [call]}
+
+
+def _delta(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None,
+           reason: str | None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}

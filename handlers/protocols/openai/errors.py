@@ -1,0 +1,100 @@
+"""OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`.
+
+`param` names the offending field as OpenAI spells it (`messages[1].role`, `top_p`); `code` is
+OpenAI's string code where it has one (`model_not_found`, `context_length_exceeded`,
+`invalid_value`...), else null.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+# pydantic error types -> OpenAI's codes for the same problem
+_CODES = {
+    "missing": "missing_required_parameter",
+    "extra_forbidden": "unknown_parameter",
+    "literal_error": "invalid_value",
+    "enum": "invalid_value",
+    "value_error": "invalid_value",
+}
+_RANGE_ERRORS = ("greater_than", "less_than", "too_short", "too_long", "multiple_of")
+
+
+class OpenAIError(Exception):
+    """A request the OpenAI protocol refuses, with the HTTP status to answer with."""
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        code: str | None = None,
+        type: str | None = None,  # noqa: A002 - OpenAI's field name
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.code = code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+
+    def payload(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.payload())
+
+
+def model_not_found(model: str, served: str) -> OpenAIError:
+    return OpenAIError(f"The model '{model}' does not exist; this server serves '{served}'.",
+                       "model", 404, "model_not_found")
+
+
+def param_path(loc: tuple[str | int, ...]) -> str:
+    """`("messages", 1, "content", 0, "type")` -> `messages[1].content[0].type`."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def from_validation_error(exc: ValidationError) -> OpenAIError:
+    """One error, as OpenAI reports one bad parameter at a time: of a union's failed branches,
+    the one that got deepest into the value (e.g. `stop[1]` rather than "not a string")."""
+    errors = exc.errors(include_url=False)
+    err = max(errors, key=lambda e: len(_field_loc(e["loc"])))
+    param = param_path(_field_loc(err["loc"])) or None
+    message = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    if err["type"] != "missing" and _is_scalar(got):
+        message += f" (got {got!r})"
+    return OpenAIError(f"{param}: {message}" if param else message, param, 400, _code(err["type"]))
+
+
+def _code(error_type: str) -> str:
+    if error_type in _CODES:
+        return _CODES[error_type]
+    if error_type.startswith(_RANGE_ERRORS):
+        return "invalid_value"
+    return "invalid_type"
+
+
+def _field_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """`loc` without the union branch names pydantic inserts ("str", "list[constrained-str]",
+    "NamedToolChoice", "literal['none','auto']"); OpenAI's fields are lower_snake_case."""
+    return tuple(p for p in loc if isinstance(p, int) or p.isdigit()  # a logit_bias key
+                 or p.replace("_", "").isalnum() and p.islower() and p not in _TYPE_NAMES)
+
+
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)

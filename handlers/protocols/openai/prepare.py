@@ -1,0 +1,93 @@
+"""From a decoded body to what the server runs: engine requests plus how to render answers.
+
+The engine still validates (tokenizes) each `GenerationRequest`; then `fit_to_context` sets its
+output length. Everything here raises `OpenAIError` naming the field.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from handlers.engine.types import GenerationRequest
+from handlers.protocols.openai.accumulate import ResponseContext
+from handlers.protocols.openai.chat_prompt import render_chat_prompt
+from handlers.protocols.openai.chat_render import ChatOptions
+from handlers.protocols.openai.completion_render import CompletionOptions
+from handlers.protocols.openai.errors import OpenAIError, model_not_found
+from handlers.protocols.openai.logprobs import TokenText
+from handlers.protocols.openai.params import chat_sampling_params, completion_sampling_params
+from handlers.protocols.openai.parse import parse_chat_request, parse_completion_request
+from handlers.protocols.openai.requests import ChatCompletionRequest, CompletionRequest
+from handlers.protocols.openai.structured import structured_output
+
+
+@dataclass
+class ChatJob:
+    request: ChatCompletionRequest
+    gen: GenerationRequest
+    context: ResponseContext
+    options: ChatOptions
+
+
+@dataclass
+class CompletionJob:
+    request: CompletionRequest
+    gens: list[GenerationRequest]  # one per prompt
+    context: ResponseContext
+    options: CompletionOptions
+
+
+def prepare_chat(body: Any, tokenizer: Any, model: str, full_text_enabled: bool) -> ChatJob:
+    request = parse_chat_request(body)
+    check_model(request.model, model)
+    prompt = render_chat_prompt(tokenizer, request)
+    params = chat_sampling_params(request, structured_output(request))
+    gen = GenerationRequest(prompt=prompt, params=params)
+    context = ResponseContext(f"chatcmpl-{gen.request_id}", int(time.time()), model,
+                              token_text_of(tokenizer))
+    return ChatJob(request, gen, context, ChatOptions.for_request(request, full_text_enabled))
+
+
+def prepare_completion(body: Any, tokenizer: Any, model: str) -> CompletionJob:
+    request = parse_completion_request(body)
+    check_model(request.model, model)
+    prompts = prompt_list(request.prompt, tokenizer)
+    gens = [GenerationRequest(prompt=text, params=completion_sampling_params(request),
+                              prompt_token_ids=ids) for text, ids in prompts]
+    context = ResponseContext(f"cmpl-{gens[0].request_id}", int(time.time()), model,
+                              token_text_of(tokenizer))
+    options = CompletionOptions.for_request(request, [text for text, _ in prompts])
+    return CompletionJob(request, gens, context, options)
+
+
+def check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise model_not_found(requested, served)
+
+
+def prompt_list(prompt: str | list[Any], tokenizer: Any) -> list[tuple[str, list[int] | None]]:
+    """Each prompt as (text, token ids or None): a string, strings, ids, or lists of ids."""
+    if isinstance(prompt, str):
+        return [(prompt, None)]
+    if all(isinstance(p, str) for p in prompt):
+        return [(p, None) for p in prompt]
+    lists = [prompt] if all(isinstance(p, int) for p in prompt) else prompt
+    vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    out = []
+    for i, ids in enumerate(lists):
+        bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+        if not ids or bad:
+            where = f"prompt[{i}]" if lists is prompt else "prompt"
+            what = f"unknown token ids {bad[:5]}" if bad else "an empty prompt"
+            raise OpenAIError(f"{where}: {what}", where, code="invalid_value")
+        out.append((tokenizer.decode(ids, skip_special_tokens=False), list(ids)))
+    return out
+
+
+def token_text_of(tokenizer: Any) -> TokenText:
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    return token_text
