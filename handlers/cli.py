@@ -18,6 +18,7 @@ from handlers.config import Config, ConfigError, load_config, log_config, parse_
 from handlers.engine.deferred import DeferredEngine
 from handlers.engine.factory import build_engine
 from handlers.server.app import ServerSettings, create_app
+from handlers.server.dynamic_handler import DynamicBatching
 
 log = logging.getLogger("lmi_serve")
 
@@ -43,6 +44,10 @@ def serve(config: Config) -> int:
         output_formatter=config.output_formatter,
         tgi_compat=config.tgi_compat,
         max_request_size=config.max_request_size,
+        full_text_enabled=config.full_text_enabled,
+        dynamic_batching=DynamicBatching(
+            config.batch_size, config.max_batch_delay, config.enable_streaming
+        ) if config.rolling_batch == "disable" else None,
     ))
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level.lower(),

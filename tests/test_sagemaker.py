@@ -19,6 +19,7 @@ from fakes import FakeEngine
 
 from handlers.protocols.sagemaker import encode_frame, model_stream_error, payload_part
 from handlers.server.app import ServerSettings, create_app
+from handlers.server.dynamic_handler import DynamicBatching
 
 STREAM_BODY = {"inputs": "a b c", "parameters": {"max_new_tokens": 5}, "stream": True}
 
@@ -66,7 +67,10 @@ def test_non_ascii_headers_and_large_payload_round_trip():
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    app = create_app(FakeEngine(), ServerSettings(model_name="fake-model"))
+    yield from serve(create_app(FakeEngine(), ServerSettings(model_name="fake-model")))
+
+
+def serve(app) -> Iterator[str]:
     config = uvicorn.Config(app, "127.0.0.1", 0, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -164,3 +168,21 @@ def test_inference_id_is_the_request_id_in_logs(runtime, caplog):
     with caplog.at_level(logging.INFO, logger="handlers"):
         runtime.invoke_endpoint(EndpointName="e", Body=body, InferenceId="inference-42")
     assert any("[RequestId=inference-42]" in r.getMessage() for r in caplog.records)
+
+
+def test_dynamic_batch_stream_failure_is_a_model_stream_error():
+    batching = DynamicBatching(batch_size=2, max_batch_delay_ms=10, streaming=True)
+    app = create_app(FakeEngine(), ServerSettings("fake-model", dynamic_batching=batching))
+    for url in serve(app):
+        client = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
+                              aws_access_key_id="x", aws_secret_access_key="x")
+        body = {"inputs": ["a b [[raise:2]]"], "parameters": {"max_new_tokens": 4}}
+        response = client.invoke_endpoint_with_response_stream(
+            EndpointName="e", Body=orjson.dumps(body))
+        parts = []
+        with pytest.raises(EventStreamError) as caught:
+            for event in response["Body"]:
+                parts.append(event["PayloadPart"]["Bytes"])
+        assert caught.value.response["Error"]["Code"] == "ModelStreamError"
+        lines = [orjson.loads(line) for line in b"".join(parts).splitlines()]
+        assert lines == [{"outputs": [" a"]}, {"outputs": [" b"]}]

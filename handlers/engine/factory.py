@@ -9,10 +9,11 @@ from handlers.engine.loader import load_model, resolve_model_source
 
 def build_engine(config: Config) -> Engine:
     """Load the model and return the (not yet started) engine. Slow: run it off the event loop."""
-    if config.rolling_batch not in ("auto", "torch"):
+    # "disable" (dynamic batching) runs on the torch engine too: the HTTP server batches.
+    if config.rolling_batch not in ("auto", "torch", "disable"):
         raise ConfigError(
             f"option.rolling_batch={config.rolling_batch!r} is not available in this build "
-            "(available: auto, torch)"
+            "(available: auto, torch, disable)"
         )
     from handlers.engine.torch.engine import TorchEngine
 

@@ -12,11 +12,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from handlers.engine.base import Engine
+from handlers.engine.static_batcher import StaticBatcher
 from handlers.protocols.lmi import LmiError
 from handlers.protocols.lmi.errors import VALIDATION_STATUS
 from handlers.server.body import BodyError, read_json, request_id
+from handlers.server.dynamic_handler import DynamicBatching, DynamicHandler
 from handlers.server.lmi_handler import LmiHandler, lmi_error
 from handlers.server.metrics import metrics_endpoint
+from handlers.server.openai_routes import BodyRouter, add_openai_routes
 from handlers.server.sagemaker import add_sagemaker_routes
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,8 @@ class ServerSettings:
     output_formatter: str = "jsonlines"  # how `stream: true` is answered: json | jsonlines | sse
     tgi_compat: bool = False
     max_request_size: int = 64 * 1024 * 1024  # bytes; DJL's default
+    dynamic_batching: DynamicBatching | None = None  # set when option.rolling_batch=disable
+    full_text_enabled: bool = False  # MindIE's streamed chat with the whole text in each chunk
 
     def __post_init__(self) -> None:
         if self.output_formatter not in OUTPUT_FORMATTERS:
@@ -45,13 +50,26 @@ def json_response(content: Any, status: int = 200) -> Response:
 
 def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="lmi-serve", docs_url=None, redoc_url=None, openapi_url=None)
-    _add_lmi_routes(app, engine, settings)
+    if settings.dynamic_batching is not None:
+        # Batching is a server concern, as in DJL's frontend: every route's requests are batched.
+        batching = settings.dynamic_batching
+        engine = StaticBatcher(engine, batching.batch_size, batching.max_batch_delay_ms)
+    openai = add_openai_routes(app, engine, settings)
+    _add_lmi_routes(app, engine, settings, openai.route_for)
     app.add_api_route("/metrics", metrics_endpoint(engine, settings.model_name), methods=["GET"])
     return app
 
 
-def _add_lmi_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> None:
-    lmi = LmiHandler(engine, settings.output_formatter, settings.tgi_compat)
+def _lmi_handler(engine: Engine, settings: ServerSettings) -> LmiHandler | DynamicHandler:
+    """The dynamic-batch schema when requests are batched statically, else rolling batch's."""
+    if isinstance(engine, StaticBatcher) and settings.dynamic_batching is not None:
+        return DynamicHandler(engine, settings.dynamic_batching.streaming)
+    return LmiHandler(engine, settings.output_formatter, settings.tgi_compat)
+
+
+def _add_lmi_routes(app: FastAPI, engine: Engine, settings: ServerSettings,
+                    route_openai: BodyRouter) -> None:
+    lmi = _lmi_handler(engine, settings)
 
     async def invoke(request: Request) -> Response:
         rid = request_id(request)
@@ -63,8 +81,9 @@ def _add_lmi_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> N
         if not engine.is_ready():
             return lmi_error(LmiError("the model is still loading", 503))
         try:
-            # Body-based routing lands here: `messages` -> chat, `prompt` -> completions,
-            # `input` -> embeddings; everything else is the LMI schema.
+            # `messages` -> chat, `prompt` -> completions (OpenAI); else the LMI schema.
+            if (openai := route_openai(body)) is not None:
+                return await openai(request, body, rid)
             return await lmi(request, body, rid)
         except Exception:
             log.exception("[RequestId=%s] unexpected error", rid)

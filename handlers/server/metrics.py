@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 from starlette.responses import Response
 
@@ -33,6 +38,18 @@ class EngineCollector(Collector):
             metric = family(name, doc, labels=["model"])
             metric.add_metric([self.model_name], stats.get(key, 0))
             yield metric
+        if "dynamic_batches" in stats:  # option.rolling_batch=disable
+            yield self._dynamic_batch_size(stats)
+
+    def _dynamic_batch_size(self, stats: dict[str, int]) -> Metric:
+        # _count: batches run; _sum: HTTP requests they served.
+        metric = SummaryMetricFamily(
+            "lmi_dynamic_batch_size", "HTTP requests per dynamic batch", labels=["model"]
+        )
+        metric.add_metric(
+            [self.model_name], stats["dynamic_batches"], stats["dynamic_batch_requests"]
+        )
+        return metric
 
 
 def metrics_endpoint(engine: Engine, model_name: str):

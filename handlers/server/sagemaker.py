@@ -135,7 +135,8 @@ def _split_failure(chunk: bytes) -> tuple[bytes, str | None]:
 
 def _failure_message(line: bytes) -> str | None:
     """The LMI streams end a failed generation with a line whose `details.finish_reason` is
-    "error" (seed 004), in jsonlines or as an SSE `data:` line."""
+    "error" (seed 004), in jsonlines or as an SSE `data:` line; dynamic batching's stream with
+    its handler-failure body `{"code", "message", "error"}`."""
     if b'"error"' not in line:
         return None
     text = line.strip().removeprefix(b"data:").strip()
@@ -143,7 +144,10 @@ def _failure_message(line: bytes) -> str | None:
         record = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    details = record.get("details") if isinstance(record, dict) else None
-    if not isinstance(details, dict) or details.get("finish_reason") != "error":
+    if not isinstance(record, dict):
+        return None
+    details = record.get("details")
+    failed = isinstance(details, dict) and details.get("finish_reason") == "error"
+    if not failed and not ("code" in record and "message" in record and "error" in record):
         return None
     return str(record.get("error") or "the model's generation failed after streaming began")
