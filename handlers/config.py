@@ -406,13 +406,20 @@ class Config:
         return self.model_id is None and self.model_files is None
 
 
-def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
-    """Merge the command line, serving.properties, the environment and the defaults."""
+def load_config(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None, read_properties: bool = True
+) -> Config:
+    """Merge the command line, serving.properties, the environment and the defaults.
+
+    `read_properties=False` skips `<model_dir>/serving.properties`: inside DJL Serving, DJL has
+    read it already (with keys of its own this project does not know) and passes the options.
+    """
     env = os.environ if env is None else env
     model_dir, dir_source = resolve_model_dir(args.model_dir)
     raw: Raw = {}
     _add_cli(raw, args.option)
-    _add_properties(raw, model_dir)
+    if read_properties:
+        _add_properties(raw, model_dir)
     _add_env(raw, env)
     values, sources = _resolve(raw)
     values |= _server_values(args, env, sources)

@@ -1,0 +1,60 @@
+"""The model service behind `handle()`: loads the model from DJL's properties, then answers.
+
+DJL's first call carries only the model's properties (no content): it loads the model. Later
+calls carry requests; the properties decide, as in DJL's front end, whether they come as
+rolling-batch steps or as dynamic batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from djl_python.inputs import Input
+from djl_python.outputs import Output
+
+from handlers.config import ConfigError, log_config
+from handlers.djl.dynamic import DynamicBatchDriver
+from handlers.djl.rolling import RollingBatchDriver
+from handlers.djl.settings import config_from_properties, is_rolling
+from handlers.engine.factory import build_engine
+from handlers.engine.torch.engine import TorchEngine
+
+log = logging.getLogger(__name__)
+
+
+class DjlService:
+    def __init__(self) -> None:
+        # DJL's TestHandler sets this back to False to load the model again.
+        self.initialized = False
+        self.driver: RollingBatchDriver | DynamicBatchDriver | None = None
+
+    def initialize(self, properties: Mapping[str, Any]) -> None:
+        config = config_from_properties(properties)
+        log_config(config, log)
+        engine = build_engine(config)
+        if not isinstance(engine, TorchEngine):
+            raise ConfigError("the DJL entry steps the torch engine; "
+                              f"option.rolling_batch={config.rolling_batch!r} does not build it")
+        if is_rolling(properties):
+            self.driver = RollingBatchDriver(engine, config.output_formatter, config.tgi_compat)
+        else:
+            self.driver = DynamicBatchDriver(engine, config.enable_streaming)
+        log.info("DJL entry ready: %s, %s", config.model_name, type(self.driver).__name__)
+        self.initialized = True
+
+    def inference(self, inputs: Input) -> Output:
+        return self.driver.inference(inputs)
+
+
+_service = DjlService()
+
+
+def handle(inputs: Input) -> Output | None:
+    """DJL Serving's entry point: `option.entryPoint=handlers.djl`, or a model.py importing it."""
+    if not _service.initialized:
+        _service.initialize(inputs.get_properties())
+    if inputs.is_empty():  # the initialization call
+        return None
+    return _service.inference(inputs)

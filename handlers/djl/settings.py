@@ -1,0 +1,56 @@
+"""DJL Serving's model properties, as `handle()` receives them, read into this project's Config.
+
+DJL passes `serving.properties`' `option.*` keys without their prefix (`model_id`,
+`rolling_batch`, ...), mixed with its own keys (`model_dir`, `device_id`, `batch_size` and the
+`batch_NNN_*` keys of a batch). Only the keys that are `option.*` settings here are taken; the
+rest belong to DJL. Neither serving.properties nor the environment is read again: DJL already
+folded them into the properties, and the file may hold DJL keys this project does not know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from handlers.config import SETTINGS, Config, load_config, parse_args
+
+_OPTIONS = {s.key for s in SETTINGS if s.key.startswith("option.")}
+
+
+def is_rolling(properties: Mapping[str, Any]) -> bool:
+    """Whether DJL drives this model in rolling-batch mode: its own test, on the raw value."""
+    value = properties.get("rolling_batch")
+    return value is not None and value != "disable"
+
+
+def config_from_properties(properties: Mapping[str, Any]) -> Config:
+    """The effective settings; raises ConfigError for a value that does not parse."""
+    argv: list[str] = []
+    model_dir = properties.get("model_dir")
+    if model_dir:
+        argv += ["--model-dir", str(model_dir)]
+    for key, value in _options(properties).items():
+        argv += ["--option", f"{key}={value}"]
+    return load_config(parse_args(argv), env={}, read_properties=False)
+
+
+def _options(properties: Mapping[str, Any]) -> dict[str, str]:
+    options = {
+        f"option.{key}": str(value)
+        for key, value in properties.items()
+        # Values may be objects DJL put there (a custom output formatter function).
+        if f"option.{key}" in _OPTIONS and isinstance(value, str | int | float)
+    }
+    device = _device(properties.get("device_id"))
+    if device is not None:
+        options.setdefault("option.device", device)
+    return options
+
+
+def _device(device_id: Any) -> str | None:
+    """DJL's worker device: -1 is the CPU, N is GPU N."""
+    try:
+        index = int(device_id)
+    except (TypeError, ValueError):
+        return None
+    return "cpu" if index < 0 else f"cuda:{index}"
