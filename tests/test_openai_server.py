@@ -45,9 +45,10 @@ def chat(client, **fields):
                                              "temperature": 0, "max_tokens": 8, **fields})
 
 
-def test_models_lists_the_served_model_in_both_shapes(client, url):
-    assert [m.id for m in client.models.list()] == [MODEL]
-    assert requests.get(f"{url}/v1/models", timeout=10).json()["models"] == [MODEL]
+def test_models_lists_the_served_models_in_both_shapes(client, url):
+    served = [MODEL, "all-minilm-l6-v2"]  # the LLM and the default embedding model
+    assert [m.id for m in client.models.list()] == served
+    assert requests.get(f"{url}/v1/models", timeout=10).json()["models"] == served
 
 
 @pytest.fixture(scope="module")

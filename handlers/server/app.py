@@ -17,6 +17,7 @@ from handlers.protocols.lmi import LmiError
 from handlers.protocols.lmi.errors import VALIDATION_STATUS
 from handlers.server.body import BodyError, read_json, request_id
 from handlers.server.dynamic_handler import DynamicBatching, DynamicHandler
+from handlers.server.embedding_routes import EmbeddingSlot, add_embedding_routes
 from handlers.server.lmi_handler import LmiHandler, lmi_error
 from handlers.server.metrics import metrics_endpoint
 from handlers.server.openai_routes import BodyRouter, add_openai_routes
@@ -48,13 +49,16 @@ def json_response(content: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(content), status, media_type="application/json")
 
 
-def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
+def create_app(engine: Engine, settings: ServerSettings,
+               embeddings: EmbeddingSlot | None = None) -> FastAPI:
+    """The server. `embeddings` receives the embedding model once loaded (None: none served)."""
     app = FastAPI(title="lmi-serve", docs_url=None, redoc_url=None, openapi_url=None)
     if settings.dynamic_batching is not None:
         # Batching is a server concern, as in DJL's frontend: every route's requests are batched.
         batching = settings.dynamic_batching
         engine = StaticBatcher(engine, batching.batch_size, batching.max_batch_delay_ms)
     openai = add_openai_routes(app, engine, settings)
+    add_embedding_routes(app, embeddings, openai, settings.max_request_size)
     _add_lmi_routes(app, engine, settings, openai.route_for)
     app.add_api_route("/metrics", metrics_endpoint(engine, settings.model_name), methods=["GET"])
     return app
