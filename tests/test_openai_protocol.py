@@ -37,7 +37,11 @@ from handlers.protocols.openai import (
 )
 from handlers.protocols.openai.chat_render import ToolExtractor
 from handlers.protocols.openai.parse import parse_chat_request, parse_completion_request
-from handlers.protocols.openai.structured import required_calls_schema, structured_output
+from handlers.protocols.openai.structured import (
+    MAX_PARALLEL_CALLS,
+    required_calls_schema,
+    structured_output,
+)
 from handlers.protocols.openai.tool_calls import ToolCallParser, format_call
 
 MODEL = "test-model"
@@ -367,6 +371,9 @@ def test_required_tool_choice_schema_accepts_only_offered_calls():
     single = json.loads(structured(tools=[WEATHER], tool_choice="required",
                                    parallel_tool_calls=False).spec)
     assert single["maxItems"] == 1
+    too_many = [{"name": "now", "arguments": {}}] * (MAX_PARALLEL_CALLS + 1)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(too_many, schema)
 
 
 def test_response_format_specs():

@@ -4,8 +4,9 @@
 - `tool_choice` naming a function -> the output is that function's arguments: a JSON object
   valid against its `parameters`.
 - `tool_choice: "required"` -> the output is a JSON list of one or more calls
-  `{"name": <an offered function>, "arguments": <valid against its parameters>}` (one call only
-  when `parallel_tool_calls` is false).
+  `{"name": <an offered function>, "arguments": <valid against its parameters>}`: at most
+  `MAX_PARALLEL_CALLS`, one when `parallel_tool_calls` is false. Without a cap, small models
+  repeat the same call greedily until `max_tokens` cuts the JSON off.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from handlers.protocols.openai.requests import (
 )
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+MAX_PARALLEL_CALLS = 4
 
 
 def structured_output(request: ChatCompletionRequest) -> StructuredOutput | None:
@@ -59,10 +61,8 @@ def required_calls_schema(tools: list[Tool], one_call: bool = False) -> dict[str
         }
         for t in tools
     ]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-    if one_call:
-        schema["maxItems"] = 1
-    return schema
+    return {"type": "array", "minItems": 1, "maxItems": 1 if one_call else MAX_PARALLEL_CALLS,
+            "items": {"anyOf": calls}}
 
 
 def _schema(schema: dict[str, Any], param: str) -> StructuredOutput:
