@@ -131,3 +131,15 @@ def test_databricks_refuses_suffix_an_unknown_endpoint_and_an_empty_task(url):
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     neither = httpx.post(route, json={"inputs": "x"})
     assert neither.status_code == 400 and "messages" in neither.json()["error"]["message"]
+
+
+def test_databricks_error_behavior_truncates_or_refuses_a_long_prompt(url):
+    route = f"{url}/serving-endpoints/fake-model/invocations"
+    long_prompt = " ".join(f"w{i}" for i in range(100))  # the fake model's context: 64 tokens
+    refused = httpx.post(route, json={"prompt": long_prompt, "max_tokens": 3})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"
+    body = {"prompt": long_prompt, "max_tokens": 3, "error_behavior": "truncate",
+            "use_raw_prompt": True}
+    answer = httpx.post(route, json=body).json()
+    assert answer["usage"]["prompt_tokens"] == 64 - 3
+    assert answer["choices"][0]["text"].strip()

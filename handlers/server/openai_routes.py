@@ -167,6 +167,9 @@ class OpenAIRoutes:
         """Tokenize and check with the engine, then fit the output length to the context."""
         if ignored := request.ignored_fields:
             log.warning("[RequestId=%s] ignoring unknown fields %s", rid, ignored)
+        if getattr(request, "error_behavior", "error") == "truncate":
+            _, limit = request.max_output_tokens  # leave the output its room, at least 1 token
+            gen.params.truncate = max(1, self.engine.max_model_len - (limit or 1))
         try:
             self.engine.validate(gen)
         except RequestValidationError as exc:

@@ -154,3 +154,7 @@ class CompletionRequest(GenerationFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=128)
+    # Databricks: `truncate` keeps the end of a prompt too long for the context instead of a 400;
+    # `use_raw_prompt` asks for no template, which completions never apply here.
+    error_behavior: Literal["error", "truncate"] = "error"
+    use_raw_prompt: bool = False
