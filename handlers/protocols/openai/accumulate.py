@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from handlers.engine.types import FinishReason, RequestOutput, SequenceOutput, Token
 from handlers.protocols.openai.logprobs import TokenText
@@ -42,6 +44,26 @@ def failure(output: RequestOutput) -> str | None:
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def stream_chunk(ctx: ResponseContext, obj: str, choices: list[dict[str, Any]],
+                 include_usage: bool, **extra: Any) -> dict[str, Any]:
+    """One streamed object; with `include_usage`, every chunk carries `usage: null` as OpenAI's."""
+    out = {"id": ctx.id, "object": obj, "created": ctx.created, "model": ctx.model,
+           "choices": choices}
+    if include_usage:
+        out["usage"] = None
+    return {**out, **extra}
+
+
+def add_final_usage(chunks: list[dict[str, Any]], total: dict[str, int], include_usage: bool,
+                    chunk: Callable[..., dict[str, Any]]) -> None:
+    """The answer's usage: on OpenAI's extra chunk with no choices when the client asked
+    (`stream_options.include_usage`), else on the last chunk (MindIE)."""
+    if include_usage or not chunks:
+        chunks.append(chunk([], usage=total))
+    else:
+        chunks[-1]["usage"] = total
 
 
 @dataclass

@@ -22,7 +22,9 @@ from handlers.protocols.openai.accumulate import (
     Choice,
     Collected,
     ResponseContext,
+    add_final_usage,
     finish_reason,
+    stream_chunk,
     usage,
 )
 from handlers.protocols.openai.logprobs import chat_logprobs
@@ -152,18 +154,12 @@ class ChatStream:
             self.done = True
             spent = sum(c.completion_tokens for c in self._choices.values())
             total = usage(output.prompt_token_count, spent)
-            if self.opts.include_usage or not chunks:
-                chunks.append(self.chunk([], usage=total))
-            else:
-                chunks[-1]["usage"] = total
+            add_final_usage(chunks, total, self.opts.include_usage, self.chunk)
         return chunks
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        out = {"id": self.ctx.id, "object": "chat.completion.chunk", "created": self.ctx.created,
-               "model": self.ctx.model, "choices": choices}
-        if self.opts.include_usage:
-            out["usage"] = None
-        return {**out, **extra}
+        return stream_chunk(self.ctx, "chat.completion.chunk", choices, self.opts.include_usage,
+                            **extra)
 
     def _choice_chunks(self, seq: SequenceOutput) -> list[dict[str, Any]]:
         state = self._choices.get(seq.index)

@@ -14,7 +14,9 @@ from handlers.engine.types import RequestOutput, SequenceOutput
 from handlers.protocols.openai.accumulate import (
     Collected,
     ResponseContext,
+    add_final_usage,
     finish_reason,
+    stream_chunk,
     usage,
 )
 from handlers.protocols.openai.logprobs import CompletionLogprobs, merge
@@ -84,18 +86,11 @@ class CompletionStream:
         if len(self._finished) == len(self.opts.prompts) and not self.done:
             self.done = True
             total = usage(sum(self._prompt_tokens.values()), sum(self._spent.values()))
-            if self.opts.include_usage or not chunks:
-                chunks.append(self.chunk([], usage=total))
-            else:
-                chunks[-1]["usage"] = total
+            add_final_usage(chunks, total, self.opts.include_usage, self.chunk)
         return chunks
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        out = {"id": self.ctx.id, "object": "text_completion", "created": self.ctx.created,
-               "model": self.ctx.model, "choices": choices}
-        if self.opts.include_usage:
-            out["usage"] = None
-        return {**out, **extra}
+        return stream_chunk(self.ctx, "text_completion", choices, self.opts.include_usage, **extra)
 
     def _choice_chunk(self, prompt: int, seq: SequenceOutput, output: RequestOutput
                       ) -> dict[str, Any] | None:
