@@ -14,12 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
-import orjson
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
+from handlers.djl.inputs import request_body
 from handlers.djl.stepping import Pair, run_steps
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.types import GenerationRequest, RequestValidationError
@@ -35,11 +34,10 @@ from handlers.protocols.lmi.dynamic import (
     to_generation_requests,
 )
 from handlers.protocols.lmi.errors import LmiError
+from handlers.protocols.lmi.formatters import JSON_MEDIA_TYPE, JSONLINES_MEDIA_TYPE
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-JSONLINES = "application/jsonlines"
 UNFINISHED = "the engine ended the request without finishing it"
 
 
@@ -77,11 +75,11 @@ class DynamicBatchDriver:
         outputs = Output()
         for i, item in enumerate(items):
             outputs.add(item.answer()[1], key="data", batch_index=i)
-        return outputs.add_property("Content-Type", JSON)
+        return outputs.add_property("Content-Type", JSON_MEDIA_TYPE)
 
     def _parse(self, item: Input) -> _Item:
         try:
-            request = parse_dynamic_request(_body(item))
+            request = parse_dynamic_request(request_body(item))
             gens = to_generation_requests(request)
             for index, gen in enumerate(gens):
                 self._validate(request, index, gen)
@@ -122,7 +120,7 @@ class DynamicBatchDriver:
         if lines.failure is not None and not first:
             steps.close()
             return Output().error(lines.failure)
-        outputs = Output().add_property("Content-Type", JSONLINES)
+        outputs = Output().add_property("Content-Type", JSONLINES_MEDIA_TYPE)
         return outputs.add_stream_content(_lines(first, steps, lines), output_formatter=None)
 
 
@@ -148,12 +146,5 @@ def _lines(first: bytes, steps: Iterator[list[Pair]], lines: StreamLines) -> Ite
         steps.close()  # aborts what still runs when DJL stops reading early
 
 
-def _body(item: Input) -> Any:
-    try:
-        return orjson.loads(item.get_as_bytes() or b"")
-    except orjson.JSONDecodeError as exc:
-        raise LmiError(f"request body is not valid JSON: {exc}") from None
-
-
 def _json(outputs: Output, body: bytes) -> Output:
-    return outputs.add_property("Content-Type", JSON).add(body)
+    return outputs.add_property("Content-Type", JSON_MEDIA_TYPE).add(body)

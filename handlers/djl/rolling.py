@@ -15,10 +15,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
+from handlers.djl.inputs import request_body
 from handlers.djl.stepping import step
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.types import RequestOutput, RequestValidationError
@@ -33,11 +33,10 @@ from handlers.protocols.lmi import (
     stream_style,
     to_generation_request,
 )
-from handlers.protocols.lmi.formatters import FAILURE_STATUS
+from handlers.protocols.lmi.formatters import FAILURE_STATUS, JSON_MEDIA_TYPE
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
 UNFINISHED = "the engine ended the request without finishing it"
 
 
@@ -64,7 +63,7 @@ def _record(data: str, last: bool, content_type: str, req: _Request) -> dict[str
 
 def _error_record(req: _Request, message: str, status: int = 424) -> dict[str, Any]:
     req.done = True
-    return {**_record("", True, JSON, req), "code": status, "error": message}
+    return {**_record("", True, JSON_MEDIA_TYPE, req), "code": status, "error": message}
 
 
 class RollingBatchDriver:
@@ -139,12 +138,12 @@ class RollingBatchDriver:
         for out in outputs:
             req.acc.add(out)
         if not req.acc.finished:
-            return _record("", False, JSON, req)
+            return _record("", False, JSON_MEDIA_TYPE, req)
         req.done = True
         status, body = render_json(req.acc, req.opts)
         if status != 200:
             return _error_record(req, req.acc.failure().message, status)
-        return _record(body.decode(), True, JSON, req)
+        return _record(body.decode(), True, JSON_MEDIA_TYPE, req)
 
     def _stream_record(self, req: _Request, renderer: StreamRenderer,
                        outputs: list[RequestOutput]) -> dict[str, Any]:
@@ -161,11 +160,7 @@ class RollingBatchDriver:
 
 
 def _parse(item: Input) -> LmiRequest:
-    try:
-        body = orjson.loads(item.get_as_bytes() or b"")
-    except orjson.JSONDecodeError as exc:
-        raise LmiError(f"request body is not valid JSON: {exc}") from None
-    return parse_lmi_request(body)
+    return parse_lmi_request(request_body(item))
 
 
 def _encode(records: list[dict[str, Any]]) -> Output:

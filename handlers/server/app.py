@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,6 +19,7 @@ from handlers.server.embedding_routes import EmbeddingSlot, add_embedding_routes
 from handlers.server.lmi_handler import LmiHandler, lmi_error
 from handlers.server.metrics import metrics_endpoint
 from handlers.server.openai_routes import BodyRouter, add_openai_routes
+from handlers.server.responses import json_response
 from handlers.server.sagemaker import add_sagemaker_routes
 
 log = logging.getLogger(__name__)
@@ -43,10 +42,6 @@ class ServerSettings:
                 f"option.output_formatter must be one of {', '.join(OUTPUT_FORMATTERS)}; "
                 f"got {self.output_formatter!r}"
             )
-
-
-def json_response(content: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(content), status, media_type="application/json")
 
 
 def create_app(engine: Engine, settings: ServerSettings,

@@ -27,13 +27,12 @@ from handlers.protocols.lmi.dynamic import (
     to_generation_requests,
 )
 from handlers.protocols.lmi.errors import LmiError
+from handlers.protocols.lmi.formatters import JSON_MEDIA_TYPE, JSONLINES_MEDIA_TYPE
+from handlers.server.responses import GONE
 from handlers.server.streaming import ClientDisconnected, ClosingStreamingResponse, until_disconnect
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-JSONLINES = "application/jsonlines"
-GONE = 499  # never seen by the client; nginx's "client closed request"
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class DynamicBatching:
 
 
 def failure(message: str, status: int = 424) -> Response:
-    return Response(error_body(message, status), status, media_type=JSON)
+    return Response(error_body(message, status), status, media_type=JSON_MEDIA_TYPE)
 
 
 def describe(exc: Exception) -> str:
@@ -107,7 +106,7 @@ class DynamicHandler:
         finally:
             await close(stream)
         status, content = render_answer(accumulators, parsed)
-        return Response(content, status, media_type=JSON)
+        return Response(content, status, media_type=JSON_MEDIA_TYPE)
 
     async def _stream(self, request: Request, stream: JobStream, inputs: int, rid: str) -> Response:
         """Answers 200 once the batch released text; a failure before that is an HTTP 424."""
@@ -126,7 +125,7 @@ class DynamicHandler:
             await close(stream)
             return failure(lines.failure)
         body = self._body(first, stream, lines, rid)
-        return ClosingStreamingResponse(body, media_type=JSONLINES)
+        return ClosingStreamingResponse(body, media_type=JSONLINES_MEDIA_TYPE)
 
     @staticmethod
     async def _first_line(stream: JobStream, lines: StreamLines) -> bytes:

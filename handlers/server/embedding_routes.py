@@ -10,7 +10,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,6 +20,7 @@ from handlers.protocols.openai import OpenAIError, model_not_found
 from handlers.protocols.openai.embeddings import parse_embedding_request, render_embeddings
 from handlers.server.body import BodyError, read_json, request_id
 from handlers.server.openai_routes import OpenAIRoutes, error_response
+from handlers.server.responses import json_response
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class EmbeddingRoutes:
             return error_response(OpenAIError(exc.message, exc.field))
         answer = render_embeddings(result.vectors, result.prompt_tokens, engine.model_name,
                                    parsed.encoding_format)
-        return Response(orjson.dumps(answer), media_type="application/json")
+        return json_response(answer)
 
     async def _read(self, request: Request, rid: str) -> Any:
         try:

@@ -24,6 +24,8 @@ from handlers.protocols.lmi import (
     stream_style,
     to_generation_request,
 )
+from handlers.protocols.lmi.formatters import JSON_MEDIA_TYPE
+from handlers.server.responses import GONE
 from handlers.server.streaming import (
     ClientDisconnected,
     ClosingStreamingResponse,
@@ -33,8 +35,6 @@ from handlers.server.streaming import (
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-GONE = 499  # never seen by the client; nginx's "client closed request"
 
 
 def describe(exc: Exception) -> str:
@@ -42,11 +42,11 @@ def describe(exc: Exception) -> str:
 
 
 def lmi_error(error: LmiError) -> Response:
-    return Response(error.body(), error.status, media_type=JSON)
+    return Response(error.body(), error.status, media_type=JSON_MEDIA_TYPE)
 
 
 def failed_generation(message: str) -> Response:
-    return Response(error_body(message, 424), 424, media_type=JSON)
+    return Response(error_body(message, 424), 424, media_type=JSON_MEDIA_TYPE)
 
 
 class LmiHandler:
@@ -87,7 +87,7 @@ class LmiHandler:
             log.exception("[RequestId=%s] generation failed", rid)
             return failed_generation(describe(exc))
         status, body = render_json(acc, opts)
-        return Response(body, status, media_type=JSON)
+        return Response(body, status, media_type=JSON_MEDIA_TYPE)
 
     async def _collect(self, gen: GenerationRequest, acc: Accumulator) -> None:
         stream = self.engine.generate(gen)
@@ -122,7 +122,7 @@ class LmiHandler:
             return failed_generation("the engine ended the request without output")
         failed = early_failure(first)
         if failed is not None:
-            return Response(failed[1], failed[0], media_type=JSON)
+            return Response(failed[1], failed[0], media_type=JSON_MEDIA_TYPE)
         body = self._stream_body(first, stream, StreamRenderer(opts, style), gen, rid)
         return ClosingStreamingResponse(body, media_type=style.media_type)
 

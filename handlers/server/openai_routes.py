@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -41,6 +40,7 @@ from handlers.protocols.openai import (
 from handlers.protocols.openai.requests import GenerationFields
 from handlers.protocols.openai.sse import MEDIA_TYPE
 from handlers.server.body import BodyError, read_json, request_id
+from handlers.server.responses import GONE, json_response
 from handlers.server.streaming import (
     ClientDisconnected,
     ClosingStreamingResponse,
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 BodyHandler = Callable[[Request, Any, str], Awaitable[Response]]
 BodyRouter = Callable[[Any], BodyHandler | None]
 Feed = Callable[[int, RequestOutput], list[dict[str, Any]]]
-GONE = 499  # never seen by the client; nginx's "client closed request"
 
 
 class GenerationFailed(Exception):
@@ -65,10 +64,6 @@ class GenerationFailed(Exception):
 
 def error_response(error: OpenAIError) -> Response:
     return Response(error.body(), error.status, media_type="application/json")
-
-
-def json_response(content: Any) -> Response:
-    return Response(orjson.dumps(content), media_type="application/json")
 
 
 def add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> OpenAIRoutes:

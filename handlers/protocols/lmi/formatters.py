@@ -22,6 +22,10 @@ from handlers.protocols.lmi.request import LmiRequest
 FAILURE_STATUS = {FinishReason.ERROR: 424, FinishReason.ABORT: 503}
 
 
+JSON_MEDIA_TYPE = "application/json"
+JSONLINES_MEDIA_TYPE = "application/jsonlines"
+
+
 class StreamStyle(Enum):
     JSONLINES = "jsonlines"
     SSE = "sse"
@@ -29,7 +33,7 @@ class StreamStyle(Enum):
 
     @property
     def media_type(self) -> str:
-        return "application/jsonlines" if self is StreamStyle.JSONLINES else "text/event-stream"
+        return JSONLINES_MEDIA_TYPE if self is StreamStyle.JSONLINES else "text/event-stream"
 
 
 def stream_style(output_formatter: str, tgi_compat: bool) -> StreamStyle | None:
