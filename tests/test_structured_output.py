@@ -145,22 +145,50 @@ async def test_unconstrained_row_is_unchanged_by_constrained_neighbours(engine):
     assert together[1][0]["text"] == alone["text"]
 
 
-async def test_logprobs_are_those_of_the_masked_distribution(engine, loaded):
+async def test_logprobs_are_those_of_the_masked_distribution(engine):
     [seq] = await run(engine, json_schema(PERSON), **sampled(3, top_logprobs=5))
-    eos = seq["tokens"][-1]
-    assert eos.id == loaded.tokenizer.eos_token_id
-    assert eos.logprob == pytest.approx(0.0, abs=1e-5)  # the only token the grammar allows
-    assert [t.id for t in eos.top] == [eos.id]
     for token in seq["tokens"]:
         assert all(math.isfinite(t.logprob) for t in token.top)
         assert sum(math.exp(t.logprob) for t in token.top) <= 1 + 1e-5
+    [word] = await run(engine, StructuredOutput("grammar", 'root ::= "yes" | "no"'),
+                       **sampled(3, top_logprobs=20))
+    first = word["tokens"][0]
+    allowed = {t.text for t in first.top}  # fewer than 20: all the grammar allows
+    assert len(first.top) < 20 and allowed <= {"y", "ye", "yes", "n", "no"}
+    assert first.text in allowed
+    assert sum(math.exp(t.logprob) for t in first.top) == pytest.approx(1.0, abs=1e-4)
 
 
-@pytest.mark.parametrize("params", [{"min_new_tokens": 100}, {"ignore_eos": True}])
-async def test_the_grammar_end_ends_the_sequence(engine, params):
+@pytest.mark.parametrize("params", [{}, {"min_new_tokens": 100}, {"ignore_eos": True}])
+async def test_the_grammar_end_ends_the_sequence_without_an_eos_step(engine, loaded, params):
     [seq] = await run(engine, json_schema(PERSON), **sampled(4, **params))
     jsonschema.validate(json.loads(seq["text"]), PERSON)
-    assert seq["finish"] == FinishReason.STOP
+    assert seq["finish"] == FinishReason.EOS
+    assert loaded.tokenizer.eos_token_id not in [t.id for t in seq["tokens"]]
+
+
+async def test_an_answer_that_fills_max_new_tokens_exactly_is_whole(engine):
+    [free] = await run(engine, json_schema(WEATHER), **sampled(8))
+    size = len(free["tokens"])
+    [exact] = await run(engine, json_schema(WEATHER), **sampled(8, max_new_tokens=size))
+    [short] = await run(engine, json_schema(WEATHER), **sampled(8, max_new_tokens=size - 1))
+    assert exact["text"] == free["text"] and exact["finish"] == FinishReason.EOS
+    assert short["finish"] == FinishReason.LENGTH and short["text"] != free["text"]
+
+
+def test_a_grammar_is_over_once_nothing_but_eos_may_follow(engine, loaded):
+    tokenizer = loaded.tokenizer
+    grammars = engine.batcher.grammars
+    call = grammars.start(json_schema(TIME))
+    ids = tokenizer.encode('{"zone": "UTC"}', add_special_tokens=False)
+    for token_id in ids:
+        assert not call.is_over()
+        assert call.accept(token_id)
+    assert call.is_over()
+    digits = grammars.start(StructuredOutput("regex", r"[0-9]{1,3}"))
+    for digit in "123":
+        assert digits.accept(tokenizer.convert_tokens_to_ids(digit))
+        assert digits.is_completed() and digits.is_over() == (digit == "3")  # 3 digits at most
 
 
 async def test_regex_and_ebnf_grammars(engine):

@@ -6,7 +6,9 @@ xgrammar's compiler cache (keyed by the grammar text and options) turns the batc
 `compile` into a lookup. Each generated sequence gets its own `SequenceGrammar`; before sampling,
 `mask_logits` sets the tokens a row's grammar forbids next to -inf, and the batcher feeds the
 sampled token back with `accept`. The grammar allows the model's EOS only once it is complete, so
-a constrained sequence ends exactly there.
+a constrained sequence ends exactly there; once nothing but EOS may follow (a JSON answer's closing
+brace), `is_over` says so and the batcher ends the sequence without spending a step on the EOS.
+The answer is then whole even when it filled `max_new_tokens` exactly.
 
 JSON is compiled without free whitespace (`any_whitespace=False`: ", " and ": " separators, no
 newlines): small models otherwise tend to loop in whitespace until max_new_tokens. Compact JSON
@@ -47,9 +49,12 @@ _JSON_KINDS = ("json_object", "json_schema")
 class SequenceGrammar:
     """One sequence's progress through its grammar."""
 
-    def __init__(self, matcher: xgr.GrammarMatcher, banned: torch.Tensor | None) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, banned: torch.Tensor | None,
+                 vocab_size: int, stop_token_ids: list[int]) -> None:
         self.matcher = matcher
         self.banned = banned  # token ids masked whatever the grammar allows
+        self._vocab_size = vocab_size
+        self._stop_token_ids = stop_token_ids
 
     def accept(self, token_id: int) -> bool:
         """Advance past `token_id`; False (and no change) when the grammar does not allow it."""
@@ -59,9 +64,16 @@ class SequenceGrammar:
         """The text so far is a whole match (only EOS, or a longer match, may follow)."""
         return self.matcher.is_completed()
 
-    def is_terminated(self) -> bool:
-        """The grammar accepted its closing EOS."""
-        return self.matcher.is_terminated()
+    def is_over(self) -> bool:
+        """The output is whole: the grammar took its EOS, or allows nothing else next."""
+        if self.matcher.is_terminated():
+            return True
+        if not self.matcher.is_completed():  # the usual case: no mask to compute
+            return False
+        allowed = torch.zeros(1, self._vocab_size)
+        mask_logits(allowed, [self])
+        allowed[0, self._stop_token_ids] = -torch.inf
+        return not bool(allowed.isfinite().any())
 
 
 class Grammars:
@@ -98,7 +110,8 @@ class Grammars:
         import xgrammar as xgr
 
         matcher = xgr.GrammarMatcher(self.compile(spec))
-        return SequenceGrammar(matcher, self._control_ids if spec.kind in _JSON_KINDS else None)
+        banned = self._control_ids if spec.kind in _JSON_KINDS else None
+        return SequenceGrammar(matcher, banned, self._vocab_size, self._stop_token_ids)
 
     def _get_compiler(self, param: str) -> xgr.GrammarCompiler:
         with self._lock:

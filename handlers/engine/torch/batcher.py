@@ -339,18 +339,20 @@ class ContinuousBatcher:
         text = seq.detokenizer.add(token_id)
         seq.pending.append(make_token(self.tokenizer, token_id, text, logprob, top,
                                       self.special_ids))
-        ended = seq.grammar is not None and seq.grammar.is_terminated()  # took EOS (ignore_eos)
         if token_id in self.eos_token_ids and not params.ignore_eos:
             seq.finish(FinishReason.EOS)
-        elif token_id in params.stop_token_ids or seq.detokenizer.stopped or ended:
+        elif token_id in params.stop_token_ids or seq.detokenizer.stopped:
             seq.finish(FinishReason.STOP)
+        elif seq.grammar is not None and seq.grammar.is_over():  # as if it took the forced EOS
+            seq.finish(FinishReason.EOS)
         elif seq.generated >= params.max_new_tokens or len(seq.token_ids) >= self.max_model_len:
             seq.finish(FinishReason.LENGTH)
 
     @staticmethod
     def _grammar_rejected(seq: Sequence, token_id: int) -> None:
-        """The grammar allowed no token this step: min_new_tokens held back the EOS that was all
-        a complete grammar allows. End there, without the token."""
+        """The sampled token is not the grammar's: the sampler's own masks (min_new_tokens
+        holding back stop tokens) left none of the tokens it allows. A whole output ends there,
+        without the token; a partial one fails."""
         if seq.grammar.is_completed():
             seq.finish(FinishReason.STOP)
         else:

@@ -32,6 +32,7 @@ from handlers.protocols.openai.requests import ChatCompletionRequest, NamedToolC
 from handlers.protocols.openai.tool_calls import (
     ParsedCall,
     ToolCallParser,
+    arguments_call,
     parse_calls_json,
 )
 
@@ -90,7 +91,8 @@ class ToolExtractor:
         if self.parser is not None:
             return self.parser.finish()
         if self.mode == "named":
-            return "", [ParsedCall(next(iter(self.names)), self.held)]
+            call = arguments_call(next(iter(self.names)), self.held)
+            return ("", [call]) if call else (self.held, [])
         if self.mode == "required":
             calls = parse_calls_json(self.held, self.names)
             return ("", calls) if calls else (self.held, [])

@@ -7,6 +7,12 @@
   `{"name": <an offered function>, "arguments": <valid against its parameters>}`: at most
   `MAX_PARALLEL_CALLS`, one when `parallel_tool_calls` is false. Without a cap, small models
   repeat the same call greedily until `max_tokens` cuts the JSON off.
+
+The grammar guarantees valid output only if it can finish: when `max_tokens` (or the context)
+cuts it off, `finish_reason` is `length` and the answer is the partial text as content, as OpenAI
+answers then (`json_object` is the usual victim: nothing bounds an object's size). A cut-off
+forced call is not reported as `tool_calls`; a streamed named call has already sent its partial
+arguments, and `length` says they are incomplete.
 """
 
 from __future__ import annotations

@@ -91,6 +91,16 @@ def parse_call(value: Any, names: set[str]) -> ParsedCall | None:
     return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
+def arguments_call(name: str, arguments: str) -> ParsedCall | None:
+    """A forced call to `name` from its generated arguments, unless they are not one whole JSON
+    object (max_tokens cut them off): a client never gets arguments that do not parse."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return None
+    return ParsedCall(name, arguments) if isinstance(value, dict) else None
+
+
 def parse_calls_json(text: str, names: set[str]) -> list[ParsedCall] | None:
     """Calls from a text that is one JSON call object or a list of them; None otherwise."""
     try:

@@ -1,0 +1,174 @@
+"""Structured output and forced tool calls through the official `openai` client, on the real
+SmolLM2 server (one server for the module).
+
+Schemas bound what the 135M model may write (enums, maxLength, integer ranges) so each answer
+ends in a few dozen tokens, and `max_tokens` leaves headroom without hiding a runaway answer:
+one that does not finish comes back with finish_reason "length" and fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+from server_process import running_server
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smollm2-135m-instruct"
+MAX_PARALLEL_CALLS = 4  # handlers.protocols.openai.structured's cap for tool_choice "required"
+
+
+class Weather(BaseModel):
+    city: str = Field(max_length=20)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class LocalTime(BaseModel):
+    city: str = Field(max_length=20)
+
+
+class Pet(BaseModel):
+    name: str = Field(max_length=12)
+    kind: Literal["cat", "dog", "bird"]
+    age: int = Field(ge=0, le=30)
+
+
+WEATHER = openai.pydantic_function_tool(Weather, name="get_weather",
+                                        description="Get the current weather in a city")
+TIME = openai.pydantic_function_tool(LocalTime, name="get_time",
+                                     description="Get the local time in a city")
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pet"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "pet": {"enum": ["cat", "dog", "none"]}}}
+PERSON_FORMAT = {"type": "json_schema",
+                 "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+ASK_PERSON = [{"role": "user", "content": "Invent a person: name, age and pet, as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "server.log"
+    with running_server("option.embedding_model_id=none", log_path=log) as server_url:
+        yield server_url
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def chat(client, **fields):
+    return client.chat.completions.create(**{"model": MODEL, "temperature": 0, "max_tokens": 48,
+                                             **fields})
+
+
+def assert_valid_calls(calls, names: set[str]) -> None:
+    for call in calls:
+        assert call.type == "function" and call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+async def test_sixteen_concurrent_sampled_json_schema_answers_all_validate(url):
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                                  timeout=120) as client:
+        answers = await asyncio.gather(*(client.chat.completions.create(
+            model=MODEL, messages=ASK_PERSON, temperature=1.0, seed=seed, max_tokens=48,
+            response_format=PERSON_FORMAT) for seed in range(16)))
+    choices = [a.choices[0] for a in answers]
+    for choice in choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert len({c.message.content for c in choices}) > 1  # sampled, not one canned answer
+
+
+def test_forced_and_required_tool_calls_have_valid_arguments(client):
+    variants = [{"tool_choice": NAMED, "tools": [WEATHER]},
+                {"tool_choice": "required", "tools": [WEATHER, TIME]},
+                {"tool_choice": "required", "tools": [WEATHER, TIME],
+                 "parallel_tool_calls": False}]
+    with ThreadPoolExecutor(len(variants)) as pool:  # decoded together, as users send them
+        named, required, single = pool.map(  # room for 4 calls of ~22 tokens
+            lambda v: chat(client, messages=ASK_WEATHER, max_tokens=128, **v), variants)
+    for answer in (named, required, single):
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        assert_valid_calls(choice.message.tool_calls, {"get_weather", "get_time"})
+    [call] = named.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert 1 <= len(required.choices[0].message.tool_calls) <= MAX_PARALLEL_CALLS
+    assert len(single.choices[0].message.tool_calls) == 1
+    ids = [c.id for c in required.choices[0].message.tool_calls]
+    assert len(set(ids)) == len(ids)
+
+
+def test_parse_gives_typed_tool_arguments_and_answers(client):
+    tools = client.chat.completions.parse(model=MODEL, messages=ASK_WEATHER, temperature=0,
+                                          max_tokens=48, tools=[WEATHER], tool_choice=NAMED)
+    [call] = tools.choices[0].message.tool_calls
+    assert isinstance(call.function.parsed_arguments, Weather)
+    pet = client.chat.completions.parse(
+        model=MODEL, temperature=0, max_tokens=48, response_format=Pet,
+        messages=[{"role": "user", "content": "Describe a pet: name, kind and age."}])
+    assert isinstance(pet.choices[0].message.parsed, Pet)
+
+
+def test_streamed_forced_tool_call_reassembles_into_valid_arguments(client):
+    stream = chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice=NAMED, stream=True)
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                if delta.index not in calls:  # a call opens with its id, type and name
+                    assert delta.id and delta.type == "function" and delta.function.name
+                    calls[delta.index] = {"name": delta.function.name, "arguments": ""}
+                else:
+                    assert delta.id is None and not delta.function.name
+                calls[delta.index]["arguments"] += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert finish == "tool_calls" and [c["name"] for c in calls.values()] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0]["arguments"]), PARAMETERS["get_weather"])
+
+
+def test_streamed_json_schema_answer_validates(client):
+    with client.chat.completions.stream(
+            model=MODEL, temperature=0, max_tokens=48, response_format=Pet,
+            messages=[{"role": "user", "content": "Describe a pet: name, kind and age."}]
+    ) as stream:
+        deltas = [e.delta for e in stream if e.type == "content.delta"]
+        final = stream.get_final_completion()
+    assert len(deltas) > 1 and "".join(deltas) == final.choices[0].message.content
+    assert isinstance(final.choices[0].message.parsed, Pet)
+
+
+def test_json_object_answer_is_an_object(client):
+    answer = chat(client, max_tokens=64, response_format={"type": "json_object"},
+                  messages=[{"role": "user", "content": "Give a JSON object with a color."}])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert isinstance(json.loads(choice.message.content), dict)
+
+
+def test_a_cut_off_answer_says_length_and_makes_no_call(client):
+    calls = chat(client, messages=ASK_WEATHER, tools=[WEATHER], tool_choice=NAMED, max_tokens=3)
+    person = chat(client, messages=ASK_PERSON, response_format=PERSON_FORMAT, max_tokens=3)
+    for answer in (calls, person):
+        choice = answer.choices[0]
+        assert choice.finish_reason == "length" and not choice.message.tool_calls
+        assert choice.message.content.startswith("{")
+        with pytest.raises(ValueError):
+            json.loads(choice.message.content)
+    with pytest.raises(openai.LengthFinishReasonError):
+        client.chat.completions.parse(model=MODEL, messages=ASK_PERSON, response_format=Pet,
+                                      max_tokens=3)
