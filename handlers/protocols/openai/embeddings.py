@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
+import uuid
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from handlers.protocols.openai.errors import OpenAIError, from_validation_error
 
@@ -21,6 +22,15 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
     instruction: str | None = None  # Databricks: prepended to every input
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_ids(cls, value: Any) -> Any:
+        # OpenAI also takes token ids of its own tokenizer: meaningless to this model.
+        if isinstance(value, list) and any(isinstance(v, int | list) for v in value):
+            raise ValueError("token-id arrays are not supported, send text (LangChain's "
+                             "OpenAIEmbeddings: set check_embedding_ctx_length=False)")
+        return value
 
     @property
     def texts(self) -> list[str]:
@@ -55,5 +65,6 @@ def render_embeddings(vectors: list[list[float]], prompt_tokens: int, model: str
                       encoding_format: str) -> dict[str, Any]:
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, encoding_format)}
             for i, v in enumerate(vectors)]
-    return {"object": "list", "data": data, "model": model,
+    # `id`: Databricks' response has one; OpenAI's clients ignore it.
+    return {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}

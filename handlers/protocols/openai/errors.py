@@ -54,6 +54,13 @@ def model_not_found(model: str, served: str) -> OpenAIError:
                        "model", 404, "model_not_found")
 
 
+def not_a_text_model(model: str) -> OpenAIError:
+    """A generation request to a server that serves an embedding model only (as OpenAI answers
+    chat requests for its embedding models: 404, naming `model`)."""
+    return OpenAIError(f"'{model}' is an embedding model: this server generates no text "
+                       "(option.task=text-embedding); use /v1/embeddings", "model", 404)
+
+
 def param_path(loc: tuple[str | int, ...]) -> str:
     """`("messages", 1, "content", 0, "type")` -> `messages[1].content[0].type`."""
     path = ""

@@ -2,7 +2,8 @@
 
 OpenAI samples by default (temperature 1); temperature 0 is greedy. `top_k` -1 or 0 is off.
 Output length: `max_tokens` / `max_completion_tokens`, where null means "up to the context";
-`fit_to_context` sets it once the prompt is tokenized, refusing a cap the context cannot hold.
+`fit_to_context` sets it once the prompt is tokenized, refusing a cap the context cannot hold
+(or, with Databricks' `error_behavior: truncate`, lowering it to what the context holds).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def fit_to_context(gen: GenerationRequest, request: GenerationFields, max_model_
     prompt_tokens = len(gen.prompt_token_ids or [])
     room = max_model_len - prompt_tokens
     field, limit = request.max_output_tokens
+    if limit is not None and limit > room and request.truncates:
+        limit = room  # as many tokens as the context holds
     if limit is not None and limit > room:
         raise OpenAIError(
             f"{field}: {limit} is too large; this model's context is {max_model_len} tokens "

@@ -127,6 +127,11 @@ class GenerationFields(BaseModel):
         """The field that caps the output, and its value."""
         return "max_tokens", self.max_tokens
 
+    @property
+    def truncates(self) -> bool:
+        """Whether a prompt or output over the context is cut to fit rather than refused."""
+        return False
+
 
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -154,7 +159,12 @@ class CompletionRequest(GenerationFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=128)
-    # Databricks: `truncate` keeps the end of a prompt too long for the context instead of a 400;
-    # `use_raw_prompt` asks for no template, which completions never apply here.
+    # Databricks: `truncate` keeps the end of a prompt too long for the context and cuts the
+    # output at the context's end instead of a 400; `use_raw_prompt` asks for no template, which
+    # completions never apply here.
     error_behavior: Literal["error", "truncate"] = "error"
     use_raw_prompt: bool = False
+
+    @property
+    def truncates(self) -> bool:
+        return self.error_behavior == "truncate"
