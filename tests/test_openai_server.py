@@ -4,11 +4,9 @@ against the FakeEngine for client disconnects."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
-import jsonschema
 import openai
 import pytest
 import requests
@@ -174,68 +172,6 @@ def test_invocations_routes_by_body(url):
     assert "generated_text" in invoke({"inputs": "Hi", "parameters": {"max_new_tokens": 1}})
     error = invoke({"prompt": "Hi", "temperature": -1})["error"]
     assert error["param"] == "temperature"
-
-
-def test_forced_tool_calls_have_arguments_valid_for_the_function(client):
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    question = [{"role": "user", "content": "What is the weather in Paris?"}]
-    for tool_choice in (named, "required"):
-        answer = chat(client, max_tokens=40, tools=[WEATHER], messages=question,
-                      tool_choice=tool_choice)
-        choice = answer.choices[0]
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None
-        assert choice.message.tool_calls
-        for call in choice.message.tool_calls:
-            assert call.type == "function" and call.function.name == "get_weather"
-            jsonschema.validate(json.loads(call.function.arguments),
-                                WEATHER["function"]["parameters"])
-
-
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pet"],
-          "properties": {"name": {"type": "string", "maxLength": 12},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "pet": {"enum": ["cat", "dog", "none"]}}}
-
-
-def test_sixteen_concurrent_sampled_json_schema_answers_all_validate(client):
-    schema_format = {"type": "json_schema",
-                     "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
-    question = [{"role": "user", "content": "Invent a person: name, age and pet, as JSON."}]
-
-    def ask(seed: int):
-        return chat(client, messages=question, temperature=1.0, seed=seed, max_tokens=48,
-                    response_format=schema_format).choices[0]
-
-    with ThreadPoolExecutor(16) as pool:
-        choices = list(pool.map(ask, range(16)))
-    for choice in choices:
-        assert choice.finish_reason == "stop", choice.message.content
-        jsonschema.validate(json.loads(choice.message.content), PERSON)
-    assert len({c.message.content for c in choices}) > 1  # sampled, not one canned answer
-
-
-def test_json_object_answer_is_an_object(client):
-    answer = chat(client, max_tokens=64, response_format={"type": "json_object"},
-                  messages=[{"role": "user", "content": "Give a JSON object with a color."}])
-    choice = answer.choices[0]
-    assert choice.finish_reason == "stop", choice.message.content
-    assert isinstance(json.loads(choice.message.content), dict)
-
-
-def test_streamed_forced_tool_call_reassembles_into_valid_arguments(client):
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    stream = chat(client, max_tokens=40, tools=[WEATHER], tool_choice=named, stream=True,
-                  messages=[{"role": "user", "content": "Weather in Oslo?"}])
-    arguments, names, finish = "", set(), None
-    for chunk in stream:
-        for choice in chunk.choices:
-            for call in choice.delta.tool_calls or []:
-                if call.function.name:
-                    names.add(call.function.name)
-                arguments += call.function.arguments or ""
-            finish = choice.finish_reason or finish
-    assert finish == "tool_calls" and names == {"get_weather"}
-    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
 
 
 # -- disconnects, with the FakeEngine behind a real socket ----------------------------------------
