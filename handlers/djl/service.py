@@ -33,6 +33,9 @@ class DjlService:
     def initialize(self, properties: Mapping[str, Any]) -> None:
         config = config_from_properties(properties)
         log_config(config, log)
+        if config.embeddings_only:
+            raise ConfigError("the DJL entry serves text generation; option.task=text-embedding "
+                              f"({config.embedding_source}) is served by lmi-serve")
         engine = build_engine(config)
         if not isinstance(engine, TorchEngine):
             raise ConfigError("the DJL entry steps the torch engine; "
