@@ -285,6 +285,32 @@ def test_chat_template_renders_roles_and_text_parts():
     assert prompt == "<system>be brief\n<user>one\ntwo\n<assistant>ok\n<assistant>"
 
 
+PREFILLED = [*USER, {"role": "assistant", "content": "The answer is"}]
+
+
+def test_continue_final_message_leaves_the_answer_open():
+    assert prompt_of(PREFILLED, continue_final_message=True) == "<user>hi\n<assistant>The answer is"
+    assert prompt_of(USER, add_generation_prompt=False) == "<user>hi\n"
+    with pytest.raises(OpenAIError) as info:
+        prompt_of(PREFILLED, continue_final_message=True, add_generation_prompt=True)
+    assert info.value.param == "continue_final_message"
+
+
+def test_echo_starts_the_answer_with_the_assistant_message_it_continues():
+    def options(messages, **fields):
+        request = parse_chat_request({"messages": messages, **fields})
+        return ChatOptions.for_request(request, full_text_enabled=False)
+
+    opts = options(PREFILLED, echo=True, continue_final_message=True)
+    assert opts.echo_text == "The answer is"
+    assert options(PREFILLED).echo_text == options([*PREFILLED, *USER], echo=True).echo_text == ""
+    col = collect(out(seq(0, [tok(1, " 42")], FinishReason.EOS), finished=True))
+    message = render_chat_completion(CTX, opts, col)["choices"][0]["message"]
+    assert message["content"] == "The answer is 42"
+    chunks = stream_chunks(opts, *TWO_STEPS)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "The answer is"}
+
+
 @pytest.mark.parametrize(("messages", "param", "words"), [
     ([*USER, {"role": "system", "content": "late"}], "messages[1].role", "only come first"),
     ([{"role": "tool", "content": "42"}], "messages[0].tool_call_id", "required"),

@@ -125,6 +125,15 @@ def test_streamed_completion_with_two_prompts(client):
     assert chunks[-1].usage.completion_tokens == 8
 
 
+def test_a_prefilled_answer_is_continued_and_echoed(client):
+    prefix = "The capital of France is"
+    answer = chat(client, messages=[*CAPITAL, {"role": "assistant", "content": prefix}],
+                  extra_body={"continue_final_message": True, "echo": True})
+    content = answer.choices[0].message.content
+    assert content.startswith(prefix + " ") and "Paris" in content  # continued, not restarted
+    assert answer.usage.completion_tokens <= 8
+
+
 def test_a_chat_offered_a_tool(client, capital):
     variants = [{"tools": [WEATHER]}, {"tools": [WEATHER], "tool_choice": "none"}]
     with ThreadPoolExecutor(2) as pool:  # batched together: one decode pass for both

@@ -65,6 +65,9 @@ async def test_invocations_while_loading_is_503(engine, client):
     response = await invoke(client, {"inputs": "hi"})
     assert response.status_code == 503
     assert response.json() == {"error": "the model is still loading", "code": 503}
+    chat = await invoke(client, {"messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 503  # an OpenAI body gets OpenAI's error shape
+    assert chat.json()["error"]["message"] == "the model is still loading"
 
 
 @pytest.mark.parametrize("path", ["/invocations", f"/predictions/{MODEL}"])

@@ -78,12 +78,13 @@ def _add_lmi_routes(app: FastAPI, engine: Engine, settings: ServerSettings,
         except BodyError as exc:
             log.info("[RequestId=%s] bad body: %s", rid, exc.message)
             return lmi_error(LmiError(exc.message, exc.status))
-        if not engine.is_ready():
-            return lmi_error(LmiError("the model is still loading", 503))
         try:
-            # `messages` -> chat, `prompt` -> completions (OpenAI); else the LMI schema.
+            # `messages` -> chat, `prompt` -> completions, `input` -> embeddings (OpenAI's
+            # shapes, each answering "still loading" its own way); else the LMI schema.
             if (openai := route_openai(body)) is not None:
                 return await openai(request, body, rid)
+            if not engine.is_ready():
+                return lmi_error(LmiError("the model is still loading", 503))
             return await lmi(request, body, rid)
         except Exception:
             log.exception("[RequestId=%s] unexpected error", rid)

@@ -36,10 +36,31 @@ def render_chat_prompt(tokenizer: Any, request: ChatCompletionRequest) -> str:
     try:
         return tokenizer.apply_chat_template(
             messages, tools=tools if "tools" in uses else None, chat_template=template,
-            tokenize=False, add_generation_prompt=True)
+            tokenize=False, **_prompt_end(request))
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise OpenAIError(f"messages: the model's chat template cannot render them: {exc}",
                           "messages") from None
+
+
+def _prompt_end(request: ChatCompletionRequest) -> dict[str, bool]:
+    """How the prompt ends: opening the assistant's answer (the default), or continuing the
+    last message (vLLM's `continue_final_message`, to prefill the answer)."""
+    continues = bool(request.continue_final_message)
+    if continues and request.add_generation_prompt:
+        raise OpenAIError("continue_final_message: cannot be true with add_generation_prompt",
+                          "continue_final_message", code="invalid_value")
+    opens = request.add_generation_prompt
+    opens = not continues if opens is None else opens
+    return {"add_generation_prompt": opens, "continue_final_message": continues}
+
+
+def echoed_text(request: ChatCompletionRequest) -> str:
+    """With `echo`, the last message's text when it is the assistant's (vLLM's rule): the
+    answer continues it, so the response starts with it."""
+    last = request.messages[-1]
+    if not request.echo or last.role != "assistant":
+        return ""
+    return content_text(last.content, f"messages[{len(request.messages) - 1}]")
 
 
 def offered_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None:

@@ -1,6 +1,7 @@
 """chat.completion and chat.completion.chunk objects, from the engine's outputs (pure).
 
-Streaming follows OpenAI: each choice opens with a `{"role": "assistant", "content": ""}` delta,
+Streaming follows OpenAI: each choice opens with a `{"role": "assistant", "content": ""}` delta
+(its content is the echoed message with vLLM's `echo`),
 then content and tool-call deltas, the last carrying `finish_reason`. A tool call parsed from
 the text (tool_choice auto or required) arrives whole in one delta; a named function's call
 streams its arguments as they are generated. With
@@ -27,6 +28,7 @@ from handlers.protocols.openai.accumulate import (
     stream_chunk,
     usage,
 )
+from handlers.protocols.openai.chat_prompt import echoed_text
 from handlers.protocols.openai.logprobs import chat_logprobs
 from handlers.protocols.openai.requests import ChatCompletionRequest, NamedToolChoice
 from handlers.protocols.openai.tool_calls import (
@@ -46,6 +48,7 @@ class ChatOptions:
     tool_names: frozenset[str] = frozenset()
     include_usage: bool = False
     full_text: bool = False
+    echo_text: str = ""  # `echo`: the assistant message the answer continues
 
     @classmethod
     def for_request(cls, request: ChatCompletionRequest, full_text_enabled: bool) -> ChatOptions:
@@ -65,6 +68,7 @@ class ChatOptions:
             tool_names=names,
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
             full_text=full_text_enabled,
+            echo_text=echoed_text(request),
         )
 
 
@@ -121,7 +125,7 @@ def _message_choice(ctx: ResponseContext, opts: ChatOptions, choice: Choice) -> 
     extractor = ToolExtractor(opts)
     content, calls = extractor.feed(choice.text)
     tail, more = extractor.finish()
-    content, calls = content + tail, calls + more
+    content, calls = opts.echo_text + content + tail, calls + more
     message = {"role": "assistant",
                "content": None if calls and not content.strip() else content,
                "tool_calls": [tool_call(c) for c in calls] or None}
@@ -168,8 +172,10 @@ class ChatStream:
         chunks = []
         if state is None:
             state = self._choices[seq.index] = _ChoiceStream(ToolExtractor(self.opts))
-            if not self.opts.full_text:
-                opening = {"role": "assistant", "content": ""}
+            if self.opts.full_text:
+                state.text = self.opts.echo_text
+            else:
+                opening = {"role": "assistant", "content": self.opts.echo_text}
                 chunks.append(self.chunk([_delta(seq.index, opening, None, None)]))
         state.completion_tokens = seq.generated_tokens
         if self.opts.tool_mode == "named":
@@ -203,7 +209,6 @@ class ChatStream:
                                    for i, c in enumerate(calls)]
             state.calls += len(calls)
         return delta
-
 
     def _arguments_delta(self, state: _ChoiceStream, text: str) -> dict[str, Any]:
         """A named call streams as OpenAI streams one: id and name first, then arguments."""

@@ -2,7 +2,8 @@
 
 Every OpenAI field, plus the extensions of vLLM and MindIE (seed 001): `top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`,
-`skip_special_tokens`, `ignore_eos`. Optional fields accept null (= the default), as MindIE
+`skip_special_tokens`, `ignore_eos`, chat's `echo` / `continue_final_message` /
+`add_generation_prompt`. Optional fields accept null (= the default), as MindIE
 documents. Unknown fields are ignored and logged, as vLLM does (OpenAI itself rejects them):
 clients such as LangChain send provider-specific extras. Ranges are OpenAI's where it has one,
 else the seed's.
@@ -142,6 +143,13 @@ class ChatCompletionRequest(GenerationFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's extensions for prefilling the answer: `continue_final_message` leaves the last
+    # (assistant) message open for the model to continue, instead of opening a new one; `echo`
+    # puts that message's text before the answer's. `add_generation_prompt` defaults to the
+    # opposite of `continue_final_message`.
+    echo: bool | None = False
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = False
 
     @property
     def max_output_tokens(self) -> tuple[str, int | None]:
