@@ -51,8 +51,8 @@ class TorchEngine:
         self.model_name = loaded.name
         self.tokenizer: Any = loaded.tokenizer
         self.max_model_len = loaded.max_model_len
-        self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
         runner = ModelRunner(loaded.model, max_batch_size, loaded.max_model_len)
+        self.vocab_size = runner.vocab_size
         self.batcher = ContinuousBatcher(
             runner, loaded.tokenizer, loaded.eos_token_ids, max_batch_size,
             max_prefill_tokens, loaded.max_model_len,

@@ -8,6 +8,7 @@ lengths share one batch without any left padding in the cache.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,9 @@ from transformers import PreTrainedModel
 
 from handlers.engine.torch.attention import use_float32_kv
 from handlers.engine.torch.kv_cache import SlotKVCache
+from handlers.engine.torch.onednn_linear import use_onednn_linears
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,7 +42,9 @@ class ModelRunner:
         self.cache_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         if self.cache_dtype != self.dtype:
             use_float32_kv(model)
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = model.get_output_embeddings().out_features
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            log.info("%d linear layers run on oneDNN", use_onednn_linears(model))
         self.num_slots = num_slots
         self.cache = SlotKVCache(
             num_layers=config.num_hidden_layers,

@@ -1,0 +1,76 @@
+"""float32 linear layers through oneDNN with prepacked weights, on the CPU.
+
+torch's `nn.Linear` on the CPU calls MKL's sgemm. oneDNN (bundled with torch, and what
+inductor's CPU freezing pass uses) was much faster on the AMD EPYC measured, more so with the
+weight reordered once into its blocked layout instead of repacked on every call: SmolLM2's 211
+linear layers (one decode step, 2 cores) took 60 → 39 ms at 1 row, 110 → 60 ms at 32 and
+527 → 423 ms at 256 (`bench/linear_kernels.py`). The results are float32 too; only the
+summation order differs (relative error ~1e-6).
+
+The ops are torch's private `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`:
+`use_onednn_linears` checks them against `nn.Linear` on a small matrix first and leaves the
+model as it is when they are missing or disagree.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# The batch size the weights' layout is tuned for: one pack serves every size (decode rows and
+# prefill chunks); 32 measured best across 1..256 rows.
+PACK_FOR_ROWS = 32
+
+
+class OneDnnLinear(nn.Module):
+    """`nn.Linear`'s forward over a oneDNN-packed copy of its weight."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_FOR_ROWS)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias,
+                                                  "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, onednn"
+
+
+def use_onednn_linears(model: nn.Module) -> int:
+    """Swap every float32 `nn.Linear` of a CPU model for `OneDnnLinear`; the number swapped
+    (0 where oneDNN cannot serve them)."""
+    if not _usable():
+        return 0
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if (type(child) is nn.Linear and child.weight.dtype == torch.float32
+                    and child.weight.device.type == "cpu"):
+                setattr(parent, name, OneDnnLinear(child))
+                swapped += 1
+    return swapped
+
+
+def _usable() -> bool:
+    """Whether the private ops exist and agree with `nn.Linear` here."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        linear = nn.Linear(64, 48)
+        x = torch.randn(3, 5, 64)
+        with torch.inference_mode():
+            agree = torch.allclose(OneDnnLinear(linear)(x), linear(x), rtol=1e-4, atol=1e-5)
+    except (RuntimeError, AttributeError) as exc:
+        log.info("oneDNN linears unavailable (%s); using nn.Linear", exc)
+        return False
+    if not agree:
+        log.warning("oneDNN linears disagree with nn.Linear here; using nn.Linear")
+    return agree
