@@ -34,7 +34,6 @@ from handlers.server.streaming import ClientDisconnected, ClosingStreamingRespon
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class DynamicBatching:
     """The server's dynamic-batch settings (`batch_size`, `max_batch_delay` in ms)."""
