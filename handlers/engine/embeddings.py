@@ -15,22 +15,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from handlers.engine.embedding_model import (
-    DEFAULT_EMBEDDING_IDS,
-    EmbeddingModel,
-    is_embedding_source,
-    load_embedding_model,
-)
+from handlers.engine.embedding_model import EmbeddingModel, load_embedding_model
 from handlers.engine.types import RequestValidationError
 
-__all__ = [
-    "DEFAULT_EMBEDDING_IDS",
-    "EmbeddingEngine",
-    "EmbeddingModel",
-    "EmbeddingResult",
-    "is_embedding_source",
-    "load_embedding_model",
-]
+__all__ = ["EmbeddingEngine", "EmbeddingModel", "EmbeddingResult", "load_embedding_model"]
 
 
 @dataclass
