@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from handlers.engine.base import Engine
 from handlers.engine.types import GenerationRequest, RequestOutput, RequestValidationError
+from handlers.protocols.lmi.formatters import JSON_MEDIA_TYPE
 from handlers.protocols.openai import (
     DONE,
     ChatStream,
@@ -64,7 +65,7 @@ class GenerationFailed(Exception):
 
 
 def error_response(error: OpenAIError) -> Response:
-    return Response(error.body(), error.status, media_type="application/json")
+    return Response(error.body(), error.status, media_type=JSON_MEDIA_TYPE)
 
 
 def add_openai_routes(app: FastAPI, engine: Engine, settings: ServerSettings) -> OpenAIRoutes:

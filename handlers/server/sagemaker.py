@@ -17,6 +17,7 @@ from starlette.responses import Response, StreamingResponse
 
 from handlers.protocols.sagemaker import EVENT_STREAM, model_stream_error, payload_part
 from handlers.server.body import request_id
+from handlers.server.responses import json_response
 from handlers.server.streaming import ClosingStreamingResponse
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,7 @@ def _model_error(response: Response) -> Response:
         "OriginalStatusCode": status,
         "OriginalMessage": original,
     }
-    return Response(
-        orjson.dumps(body), 424, headers={ERROR_TYPE: "ModelError"}, media_type="application/json"
-    )
+    return json_response(body, 424, {ERROR_TYPE: "ModelError"})
 
 
 def _with_accept(request: Request, accept: str | None) -> Request:
