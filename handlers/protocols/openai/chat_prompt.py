@@ -46,9 +46,6 @@ def _prompt_end(request: ChatCompletionRequest) -> dict[str, bool]:
     """How the prompt ends: opening the assistant's answer (the default), or continuing the
     last message (vLLM's `continue_final_message`, to prefill the answer)."""
     continues = bool(request.continue_final_message)
-    if continues and request.add_generation_prompt:
-        raise OpenAIError("continue_final_message: cannot be true with add_generation_prompt",
-                          "continue_final_message", code="invalid_value")
     opens = request.add_generation_prompt
     opens = not continues if opens is None else opens
     return {"add_generation_prompt": opens, "continue_final_message": continues}

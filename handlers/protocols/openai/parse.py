@@ -71,6 +71,9 @@ def _check_chat(request: ChatCompletionRequest) -> None:
                           "in tools", "tool_choice.function.name", code="invalid_value")
     if len(set(names)) < len(names):
         raise OpenAIError("tools: function names must be unique", "tools", code="invalid_value")
+    if request.continue_final_message and request.add_generation_prompt:
+        raise OpenAIError("continue_final_message: cannot be true with add_generation_prompt",
+                          "continue_final_message", code="invalid_value")
     _check_response_format(request)
 
 
