@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlers.engine.embeddings import EmbeddingResult
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,
@@ -207,3 +208,49 @@ def _top(token_id: int, text: str, logprob: float, k: int) -> list[TopToken]:
         return []
     alternatives = [TopToken(ALT_ID + j, f" alt{j}", logprob - j) for j in range(1, k)]
     return [TopToken(token_id, text, logprob), *alternatives]
+
+
+@dataclass
+class FakeEmbeddingEngine:
+    """A deterministic embedding engine: each text's vector is made of its word and character
+    counts; a word is a token; the instruction is prepended as the real engine does."""
+
+    model_name: str = "fake-embedder"
+    dimension: int = 4
+
+    async def embed(self, texts: list[str], instruction: str | None = None,
+                    truncate: bool = True) -> EmbeddingResult:
+        await asyncio.sleep(0)
+        prompted = [(instruction or "") + text for text in texts]
+        vectors = [[float(len(t.split())), float(len(t)), 0.5, -1.0] for t in prompted]
+        return EmbeddingResult(vectors, sum(len(t.split()) for t in prompted))
+
+    def is_ready(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        return None
+
+
+def served_app(engine: FakeEngine, embedder: FakeEmbeddingEngine | None = None, *,
+               loaded: bool = True, model_name: str = "fake-model",
+               dynamic: tuple[int, int, bool] | None = None, embeddings_only: bool = False,
+               **settings: Any) -> Any:
+    """The server's app over fake engines, as `lmi-serve` composes it."""
+    from handlers.engine.deferred import NoGeneration
+    from handlers.server.app import ServerSettings, create_app
+    from handlers.server.dynamic_handler import DynamicBatching
+    from handlers.server.embedding_routes import EmbeddingSlot
+
+    engine.ready = loaded
+    llm: Any = engine
+    if embeddings_only:
+        model_name = embedder.model_name
+        llm = NoGeneration(model_name)
+    slot = EmbeddingSlot() if embedder is not None else None
+    batching = DynamicBatching(*dynamic) if dynamic else None
+    app = create_app(llm, ServerSettings(model_name, dynamic_batching=batching,
+                                         embeddings_only=embeddings_only, **settings), slot)
+    if slot is not None and loaded:
+        slot.attach(embedder)
+    return app
