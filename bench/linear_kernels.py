@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from handlers.engine.loader import default_model_path, load_model
+from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.onednn_linear import OneDnnLinear
+from handlers.model_source import default_model_path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

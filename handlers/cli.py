@@ -1,31 +1,33 @@
-"""`lmi-serve`: load the configuration, start the HTTP server at once (/ping answers 503), load
-the model (and the embedding model beside it), then run the engine loop in the main thread until
-SIGTERM or SIGINT. With option.task=text-embedding no LLM is loaded: the embedding model alone is
-served and generation requests are refused.
+"""`lmi-serve`, the composition root: configuration -> engine registry -> app.
 
-The HTTP server (uvicorn) runs in a background thread and the engine in the main thread: torch
-ops measured ~1.4x faster in the process's main thread than in another one.
+It checks that every setting takes effect, starts the HTTP server at once (/ping answers 503),
+loads the model and the embedding model beside it (within option.model_loading_timeout), then
+runs until SIGTERM or SIGINT. An engine whose loop runs fastest in the main thread (the torch
+engine: ~1.4x) runs it there; the HTTP server (uvicorn) runs in a background thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, wait
+from typing import TypeVar
 
 import uvicorn
 
-from handlers.config import Config, ConfigError, load_config, log_config, parse_args
-from handlers.engine.base import Engine
-from handlers.engine.deferred import DeferredEngine, NoGeneration
-from handlers.engine.factory import build_engine
-from handlers.server.app import ServerSettings, create_app
-from handlers.server.dynamic_handler import DynamicBatching
-from handlers.server.embedding_routes import EmbeddingSlot
+from handlers.config import Config, ConfigError, check_effects, load_config, log_config, parse_args
+from handlers.engine import registry
+from handlers.engine.base import Embedder, EngineBuild
+from handlers.server.app import create_app
+from handlers.server.context import Served, ServerContext, ServerSettings
 
 log = logging.getLogger("lmi_serve")
+T = TypeVar("T")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,19 +38,38 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         config = load_config(args)
+        check_effects(config)
+        if not config.embeddings_only:
+            registry.check(config)
     except ConfigError as exc:
         sys.exit(f"lmi-serve: configuration error: {exc}")
     log_config(config, log)
     sys.exit(serve(config))
 
 
+def server_settings(config: Config) -> ServerSettings:
+    return ServerSettings(
+        model_name=config.model_name,
+        output_formatter=config.output_formatter,
+        tgi_compat=config.tgi_compat,
+        max_request_size=config.max_request_size,
+        full_text_enabled=config.full_text_enabled,
+        dynamic_batching=config.dynamic_batching,
+        dynamic_streaming=config.enable_streaming,
+        predict_timeout=config.predict_timeout,
+        job_queue_size=config.job_queue_size,
+    )
+
+
 def serve(config: Config) -> int:
-    engine = DeferredEngine(config.model_name)
-    embeddings = EmbeddingSlot() if config.embedding_source is not None else None
-    app = create_app(engine, _server_settings(config), embeddings)
+    generator = None if config.embeddings_only else Served(config.model_name)
+    embedder = None
+    if config.embedding_source is not None:
+        embedder = Served(config.model_name if config.embeddings_only else None)
+    ctx = ServerContext(server_settings(config), generator, embedder)
     server = uvicorn.Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=config.log_level.lower(),
-        timeout_graceful_shutdown=30,
+        create_app(ctx), host=config.host, port=config.port,
+        log_level=config.log_level.lower(), timeout_graceful_shutdown=30,
     ))
     http = threading.Thread(target=server.run, name="http")  # no signal handlers off main
     stopping = threading.Event()
@@ -62,73 +83,91 @@ def serve(config: Config) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     http.start()
-    real = _load(config, embeddings)
-    if real is None or stopping.is_set():
+    if config.grpc_port:
+        log.info("no gRPC server runs on --grpc-port=%d: KServe V2 over gRPC is not in this "
+                 "build yet; every protocol is served over HTTP", config.grpc_port)
+    loaded = _load(config)
+    if loaded is None or stopping.is_set():
         server.should_exit = True
         http.join()
-        _stop_embeddings(embeddings)
-        return 1 if real is None else 0
-    engine.attach(real)  # /ping answers 200 from here on: everything is loaded
-    # The engine stops once the HTTP server has drained its in-flight requests.
-    threading.Thread(target=lambda: (http.join(), real.stop()), name="drain", daemon=True).start()
+        return 1 if loaded is None else 0
+    built, embedding = loaded
+    return _run(config, ctx, built, embedding, http)
+
+
+def _run(config: Config, ctx: ServerContext, built: EngineBuild | None,
+         embedding: Embedder | None, http: threading.Thread) -> int:
+    """Attach what loaded (/ping answers 200 from here on) and run until the server stops."""
+    if embedding is not None:
+        ctx.embedder.attach(embedding)
+    done = threading.Event()
+    if built is not None:
+        if built.main_loop is None:  # an engine that lives on the server's event loop
+            while ctx.loop is None and http.is_alive():  # the server is still starting
+                time.sleep(0.05)
+            if ctx.loop is not None:
+                asyncio.run_coroutine_threadsafe(built.engine.start(), ctx.loop).result()
+        ctx.generator.attach(built.engine)
     log.info("model %s is ready on http://%s:%d", config.model_name, config.host, config.port)
-    real.run_forever()
+    # Stopping: the app's shutdown stops the engines once the requests drained; should the
+    # HTTP server end otherwise, its end stops them here.
+    stop = built.main_loop.stop if built is not None and built.main_loop else done.set
+    threading.Thread(target=lambda: (http.join(), stop(), done.set()), name="drain",
+                     daemon=True).start()
+    if built is not None and built.main_loop is not None:
+        built.main_loop.run_forever()
+    done.wait()
     http.join()
-    _stop_embeddings(embeddings)
     return 0
 
 
-def _server_settings(config: Config) -> ServerSettings:
-    return ServerSettings(
-        model_name=config.model_name,
-        output_formatter=config.output_formatter,
-        tgi_compat=config.tgi_compat,
-        max_request_size=config.max_request_size,
-        full_text_enabled=config.full_text_enabled,
-        embeddings_only=config.embeddings_only,
-        dynamic_batching=DynamicBatching(
-            config.batch_size, config.max_batch_delay, config.enable_streaming
-        ) if config.rolling_batch == "disable" else None,
-    )
+def _load(config: Config) -> tuple[EngineBuild | None, Embedder | None] | None:
+    """The engine and the embedding model, loaded side by side; None when either failed or
+    took longer than option.model_loading_timeout (logged)."""
+    load = None if config.embeddings_only else registry.loader(config)
+    llm = _in_thread(lambda: load and load(), "load")
+    embedding = _in_thread(lambda: _load_embedder(config), "embedding-load")
+    pending = wait([llm, embedding], timeout=config.model_loading_timeout).not_done
+    if pending:
+        log.error("loading the model took longer than option.model_loading_timeout=%d s "
+                  "(%s); stopping", config.model_loading_timeout,
+                  config.sources["model_loading_timeout"])
+        return None
+    failed = [f.exception() for f in (llm, embedding) if f.exception() is not None]
+    for error in failed:
+        log.error("loading failed", exc_info=error)
+    return None if failed else (llm.result(), embedding.result())
 
 
-def _load(config: Config, embeddings: EmbeddingSlot | None) -> Engine | None:
-    """Load the LLM here (the main thread) and the embedding model beside it, in a worker thread:
-    its imports alone take seconds. None when either failed (logged)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="embedding-load") as pool:
-        pending = pool.submit(_attach_embeddings, config, embeddings) if embeddings else None
-        try:
-            real = (NoGeneration(config.model_name) if config.embeddings_only
-                    else build_engine(config))
-        except Exception:
-            log.exception("loading the model failed")
-            real = None
-        embedded = pending is None or pending.result()
-    return real if embedded else None
+def _load_embedder(config: Config) -> Embedder | None:
+    """The embedding model, loaded and started (None when none is served)."""
+    if config.embedding_source is None:
+        return None
+    from handlers.engine.embedding import EmbeddingEngine, load_embedding_model
 
-
-def _attach_embeddings(config: Config, slot: EmbeddingSlot) -> bool:
-    """Load the embedding model and start its worker; False if that failed."""
-    from handlers.engine.embeddings import EmbeddingEngine, load_embedding_model
-
-    source = config.embedding_source
-    try:
-        loaded = load_embedding_model(source, base_dir=config.model_dir)
-    except Exception:
-        log.exception("loading the embedding model %r failed", source)
-        return False
+    loaded = load_embedding_model(config.embedding_source, base_dir=config.model_dir,
+                                  device=config.device)
     if config.embeddings_only:
         loaded.name = config.model_name  # option.model_name applies to the one model served
     engine = EmbeddingEngine(loaded)
     engine.start()
-    slot.attach(engine)
     log.info("embedding model %s is ready", engine.model_name)
-    return True
+    return engine
 
 
-def _stop_embeddings(slot: EmbeddingSlot | None) -> None:
-    if slot is not None and slot.engine is not None:
-        slot.engine.stop()
+def _in_thread(work: Callable[[], T], name: str) -> Future[T]:
+    """Run `work` in a daemon thread: a load that outlives its timeout must not keep the
+    process from exiting."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # handed to the waiting thread, which logs it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.engine.embeddings import EmbeddingResult
+import jinja2
+
 from handlers.engine.types import (
+    EmbeddingResult,
     FinishReason,
     GenerationRequest,
     RequestMetrics,
@@ -37,33 +39,36 @@ ALT_ID = 1000  # top-token alternatives are ids ALT_ID + 1, ALT_ID + 2, ...
 MARKER = re.compile(r"\[\[(\w+)(?::(\d+))?\]\]")
 
 
-class FakeTokenizer:
-    """Words are tokens; ids are given in first-seen order from 10 on (stable per instance)."""
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
-    eos_token_id = EOS_ID
+
+class FakeTokenizer:
+    """Words are tokens; ids are given in first-seen order from 10 on (stable per instance).
+    Chats render as `<|role|> content` lines, then `<|assistant|>` to open the answer."""
+
+    vocab_size = 100_000
+    eos_token_ids = frozenset({EOS_ID})
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._words: dict[int, str] = {EOS_ID: "</s>"}
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str) -> list[int]:
         return [self._id(word) for word in text.split()]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         words = [self._words[i] for i in ids if not (skip_special_tokens and i == EOS_ID)]
         return " ".join(words)
 
-    def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        tokenize: bool = False,
-        add_generation_prompt: bool = True,
-        **_: Any,
-    ) -> str | list[int]:
-        text = "".join(f"<|{m['role']}|> {m['content']}\n" for m in messages)
-        if add_generation_prompt:
-            text += "<|assistant|>"
-        return self.encode(text) if tokenize else text
+    def chat_template(self, tools: list[dict[str, Any]] | None = None) -> str:
+        return CHAT_TEMPLATE
+
+    def render_chat(self, template: str, messages: list[dict[str, Any]], *,
+                    tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                    continue_final_message: bool) -> str:
+        return jinja2.Template(template).render(messages=messages, tools=tools,
+                                                add_generation_prompt=add_generation_prompt)
 
     def _id(self, word: str) -> int:
         if word not in self._ids:
@@ -88,7 +93,7 @@ class FakeEngine:
     aborted: list[str] = field(default_factory=list)  # ids closed or aborted before finishing
     finished: list[str] = field(default_factory=list)  # ids that ran to their end
 
-    def is_ready(self) -> bool:
+    def health(self) -> bool:
         return self.ready
 
     def validate(self, request: GenerationRequest) -> None:
@@ -225,32 +230,35 @@ class FakeEmbeddingEngine:
         vectors = [[float(len(t.split())), float(len(t)), 0.5, -1.0] for t in prompted]
         return EmbeddingResult(vectors, sum(len(t.split()) for t in prompted))
 
-    def is_ready(self) -> bool:
+    def health(self) -> bool:
         return True
 
     def stop(self) -> None:
         return None
 
 
-def served_app(engine: FakeEngine, embedder: FakeEmbeddingEngine | None = None, *,
+def served_app(engine: FakeEngine | None, embedder: FakeEmbeddingEngine | None = None, *,
                loaded: bool = True, model_name: str = "fake-model",
                dynamic: tuple[int, int, bool] | None = None, embeddings_only: bool = False,
                **settings: Any) -> Any:
-    """The server's app over fake engines, as `lmi-serve` composes it."""
-    from handlers.engine.deferred import NoGeneration
-    from handlers.server.app import ServerSettings, create_app
-    from handlers.server.dynamic_handler import DynamicBatching
-    from handlers.server.embedding_routes import EmbeddingSlot
+    """The server's app over fake engines, as `lmi-serve` composes it: `dynamic` is
+    (batch_size, max_batch_delay ms, enable_streaming) for LMI's dynamic batching; an
+    embeddings-only server serves `embedder` alone; until `loaded`, nothing is attached."""
+    from handlers.engine.dynamic_batch import DynamicBatcher
+    from handlers.server.app import create_app
+    from handlers.server.context import Served, ServerContext, ServerSettings
 
-    engine.ready = loaded
-    llm: Any = engine
-    if embeddings_only:
+    generator = None
+    if not embeddings_only:
+        served: Any = engine
+        if dynamic is not None:
+            served = DynamicBatcher(engine, dynamic[0], dynamic[1])
+        generator = Served(model_name, served if loaded else None)
+    else:
         model_name = embedder.model_name
-        llm = NoGeneration(model_name)
-    slot = EmbeddingSlot() if embedder is not None else None
-    batching = DynamicBatching(*dynamic) if dynamic else None
-    app = create_app(llm, ServerSettings(model_name, dynamic_batching=batching,
-                                         embeddings_only=embeddings_only, **settings), slot)
-    if slot is not None and loaded:
-        slot.attach(embedder)
-    return app
+    embedded = Served(model_name if embeddings_only else None) if embedder is not None else None
+    if embedded is not None and loaded:
+        embedded.attach(embedder)
+    settings = ServerSettings(model_name, dynamic_batching=dynamic is not None,
+                              dynamic_streaming=bool(dynamic and dynamic[2]), **settings)
+    return create_app(ServerContext(settings, generator, embedded))

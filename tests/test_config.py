@@ -13,12 +13,12 @@ from handlers.config import (
     REPO_DIR,
     Config,
     ConfigError,
-    derive_model_name,
     load_config,
     log_config,
     parse_args,
     resolve_model_dir,
 )
+from handlers.model_source import derive_model_name
 
 
 def load(

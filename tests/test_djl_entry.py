@@ -19,8 +19,9 @@ import pytest
 from tiny_model import make_tiny_model_dir
 
 from handlers.config import ConfigError
-from handlers.engine.loader import ModelSourceError, load_model
 from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.torch.loader import load_model
+from handlers.model_source import ModelSourceError
 from handlers.protocols.lmi import parse_lmi_request, to_generation_request
 
 DOUBLE = Path(__file__).parent / "djl_double"
@@ -64,7 +65,7 @@ def direct(tiny_dir):
 
 
 async def _generate(engine: TorchEngine, prompt: str, max_new_tokens: int) -> str:
-    while not engine.is_ready():  # its thread is starting
+    while not engine.health():  # its thread is starting
         await asyncio.sleep(0.01)
     body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}}
     request = to_generation_request(parse_lmi_request(body))

@@ -12,15 +12,14 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from handlers.engine.embedding_model import default_embedding_model_path, resolve_embedding_source
-from handlers.engine.embedding_source import is_embedding_source
-from handlers.engine.embeddings import (
-    EmbeddingEngine,
-    EmbeddingModel,
-    load_embedding_model,
-)
-from handlers.engine.loader import ModelSourceError
+from handlers.engine.embedding import EmbeddingEngine, EmbeddingModel, load_embedding_model
 from handlers.engine.types import RequestValidationError
+from handlers.model_source import (
+    ModelSourceError,
+    default_embedding_model_path,
+    is_embedding_source,
+    resolve_embedding_source,
+)
 
 LONG = "word " * 300  # 302 tokens with [CLS] and [SEP]; the model's limit is 256
 QUERY = "Represent this sentence for searching relevant passages: "
@@ -224,11 +223,11 @@ async def test_a_failing_forward_pass_fails_only_the_request_that_breaks_it(
 async def test_stop_answers_queued_requests_then_refuses_new_ones(loaded: EmbeddingModel) -> None:
     engine = EmbeddingEngine(loaded, max_batch_delay=0.2)
     engine.start()
-    assert engine.is_ready()
+    assert engine.health()
     pending = asyncio.ensure_future(engine.embed(["queued before stop"]))
     await asyncio.sleep(0)  # let it reach the queue
     engine.stop()
-    assert not engine.is_ready()
+    assert not engine.health()
     assert len((await pending).vectors) == 1
     with pytest.raises(RuntimeError, match="not running"):
         await engine.embed(["too late"])

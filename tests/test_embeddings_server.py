@@ -11,7 +11,7 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
-from handlers.engine.embedding_model import default_embedding_model_path
+from handlers.model_source import default_embedding_model_path
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["served_models"]

@@ -1,4 +1,5 @@
-"""LMI formatters, byte for byte, from hand-built engine outputs (no model, no server)."""
+"""LMI formatters, byte for byte on the wire, from hand-built engine outputs (no model, no
+server): the protocol's objects, framed and given statuses as the server does."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from handlers.engine.types import (
     TopToken,
 )
 from handlers.protocols.lmi import (
-    Accumulator,
+    LmiFailure,
     RenderOptions,
     StreamRenderer,
     StreamStyle,
@@ -22,6 +23,9 @@ from handlers.protocols.lmi import (
     render_json,
     stream_style,
 )
+from handlers.protocols.outputs import Event, Folded
+from handlers.server.framing import LMI_FRAMING
+from handlers.server.status import LMI_HTTP
 
 PROMPT = "What is"
 LMI_ERROR_LINE = (
@@ -48,16 +52,29 @@ def opts(**kw) -> RenderOptions:
     return RenderOptions(inputs=PROMPT, **kw)
 
 
+def error_answer(failure: LmiFailure) -> tuple[int, bytes]:
+    status = LMI_HTTP[failure.kind]
+    return status, orjson.dumps(failure.payload(status))
+
+
 def complete(*outputs: RequestOutput, **kw) -> tuple[int, bytes]:
-    acc = Accumulator()
+    acc = Folded()
     for output in outputs:
         acc.add(output)
-    return render_json(acc, opts(**kw))
+    try:
+        return 200, orjson.dumps(render_json(acc, opts(**kw)))
+    except LmiFailure as failure:
+        return error_answer(failure)
+
+
+def framed(style: StreamStyle, events: list[Event] | Event) -> bytes:
+    events = [events] if isinstance(events, Event) else events
+    return b"".join(LMI_FRAMING[style].frame(event.data) for event in events)
 
 
 def stream(style: StreamStyle, *outputs: RequestOutput, **kw) -> list[bytes]:
     renderer = StreamRenderer(opts(**kw), style)
-    return [renderer.feed(o) for o in outputs]
+    return [framed(style, renderer.feed(o)) for o in outputs]
 
 
 DEEP = tok(5, " Deep", -0.25)
@@ -254,23 +271,25 @@ def test_tgi_stream_has_tgi_keys_and_null_fields_until_the_end():
 
 
 def test_stream_error_finish_ends_with_the_error_line():
-    renderer = StreamRenderer(opts(details=True), StreamStyle.JSONLINES)
-    first = renderer.feed(out(seq([DEEP])))
-    last = renderer.feed(out(seq([LEARNING], FinishReason.ERROR, error="boom")))
+    style = StreamStyle.JSONLINES
+    renderer = StreamRenderer(opts(details=True), style)
+    first = framed(style, renderer.feed(out(seq([DEEP]))))
+    last = framed(style, renderer.feed(out(seq([LEARNING], FinishReason.ERROR, error="boom"))))
     assert first == b'{"token":{"id":5,"text":" Deep","log_prob":-0.25}}\n'
     assert last == b'{"token":{"id":6,"text":" learning","log_prob":-0.5}}\n' + LMI_ERROR_LINE
     assert renderer.done
-    assert renderer.feed(out(seq([DEEP], FinishReason.LENGTH))) == b""
+    assert framed(style, renderer.feed(out(seq([DEEP], FinishReason.LENGTH)))) == b""
 
 
 def test_stream_error_line_for_an_engine_exception():
     renderer = StreamRenderer(opts(), StreamStyle.SSE)
     renderer.feed(out(seq([DEEP])))
-    assert renderer.error("engine died") == b"data: " + LMI_ERROR_LINE + b"\n"
+    assert framed(StreamStyle.SSE, renderer.error("engine died")) == (
+        b"data: " + LMI_ERROR_LINE + b"\n")
 
 
 def test_tgi_stream_error_line_names_the_error_for_tgi_clients():
-    line = StreamRenderer(opts(), StreamStyle.TGI).error("engine died")
+    line = framed(StreamStyle.TGI, StreamRenderer(opts(), StreamStyle.TGI).error("engine died"))
     assert line == (
         b'data: {"token":{"id":-1,"text":"","logprob":-1,"special":true},"generated_text":"",'
         b'"details":{"finish_reason":"error","generated_tokens":null,"inputs":null},'
@@ -298,7 +317,7 @@ def test_stream_skips_outputs_without_tokens():
 def test_early_failure_only_before_any_token():
     assert early_failure(out(seq([DEEP]))) is None
     assert early_failure(out(seq([DEEP], FinishReason.ERROR))) is None  # streamed, then error line
-    status, body = early_failure(out(seq([], FinishReason.ERROR, error="no memory")))
+    status, body = error_answer(early_failure(out(seq([], FinishReason.ERROR, error="no memory"))))
     assert status == 424
     assert orjson.loads(body)["error"] == "no memory"
 

@@ -14,15 +14,12 @@ import pytest
 import torch
 from tiny_model import make_tiny_model_dir
 
-from handlers.engine import loader
-from handlers.engine.loader import (
+from handlers.engine.torch import loader
+from handlers.engine.torch.loader import file_sha256, load_model, resolve_device, resolve_dtype
+from handlers.model_source import (
     ModelSourceError,
     default_model_path,
-    file_sha256,
-    load_model,
-    model_name,
-    resolve_device,
-    resolve_dtype,
+    derive_model_name,
     resolve_model_source,
 )
 
@@ -132,9 +129,9 @@ def test_a_missing_default_tells_how_to_install_it(
 
 
 def test_model_names_are_lower_case_without_the_quantization() -> None:
-    assert model_name(Path("/x/SmolLM2-135M-Instruct.Q4_1.gguf")) == "smollm2-135m-instruct"
-    assert model_name(Path("/x/Llama-3-8B.IQ4_XS.gguf")) == "llama-3-8b"
-    assert model_name(Path("/opt/ml/Mistral-7B-v0.3")) == "mistral-7b-v0.3"
+    assert derive_model_name("/x/SmolLM2-135M-Instruct.Q4_1.gguf") == "smollm2-135m-instruct"
+    assert derive_model_name("/x/Llama-3-8B.IQ4_XS.gguf") == "llama-3-8b"
+    assert derive_model_name("/opt/ml/Mistral-7B-v0.3") == "mistral-7b-v0.3"
 
 
 # --- dtype and device ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,
@@ -23,18 +24,16 @@ from handlers.engine.types import (
 from handlers.protocols.openai import (
     ChatOptions,
     ChatStream,
-    Collected,
     CompletionOptions,
     CompletionStream,
     OpenAIError,
     ResponseContext,
-    engine_refusal,
-    fit_to_context,
     prepare_chat,
     prepare_completion,
     render_chat_completion,
     render_completion,
 )
+from handlers.protocols.openai.admit import engine_refusal, fit_to_context
 from handlers.protocols.openai.chat_render import ToolExtractor
 from handlers.protocols.openai.parse import parse_chat_request, parse_completion_request
 from handlers.protocols.openai.structured import (
@@ -43,6 +42,8 @@ from handlers.protocols.openai.structured import (
     structured_output,
 )
 from handlers.protocols.openai.tool_calls import ToolCallParser, format_call
+from handlers.protocols.outputs import Folded
+from handlers.server.status import HTTP
 
 MODEL = "test-model"
 USER = [{"role": "user", "content": "hi"}]
@@ -57,13 +58,18 @@ TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}\n{% endif %}"
                   "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}\n{% endfor %}")
 
 
-def tokenizer(template: str = PLAIN_TEMPLATE) -> PreTrainedTokenizerFast:
+def tokenizer(template: str = PLAIN_TEMPLATE) -> HFTokenizer:
     vocab = {w: i for i, w in enumerate(["[UNK]", "hi", "Paris", "is", "nice", "<|end|>"])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
     tok.chat_template = template
-    return tok
+    return HFTokenizer(tok, eos_token_ids=[5])
+
+
+def status(error: OpenAIError) -> int:
+    """The HTTP status the server answers the error with."""
+    return HTTP[error.kind]
 
 
 def refusal(parse, body) -> OpenAIError:
@@ -118,13 +124,13 @@ def completion_refusal(**fields) -> OpenAIError:
 ])
 def test_chat_out_of_range_fields_are_400s_naming_the_field(fields, param):
     error = chat_refusal(**fields)
-    assert (error.status, error.param) == (400, param)
+    assert (status(error), error.param) == (400, param)
     assert error.message.startswith(param)
 
 
 def test_error_payload_is_openais_shape():
     error = chat_refusal(temperature=3)
-    assert error.payload() == {"error": {
+    assert error.payload(status(error)) == {"error": {
         "message": "temperature: Input should be less than or equal to 2 (got 3)",
         "type": "invalid_request_error", "param": "temperature", "code": "invalid_value"}}
 
@@ -149,7 +155,7 @@ def test_bad_message_lists(body, param):
 ])
 def test_completion_refusals(fields, param):
     error = completion_refusal(**fields)
-    assert (error.status, error.param) == (400, param)
+    assert (status(error), error.param) == (400, param)
 
 
 def test_suffix_refusal_says_why():
@@ -226,7 +232,7 @@ def test_completion_prompt_forms():
 def test_another_model_is_a_404():
     with pytest.raises(OpenAIError) as info:
         prepare_chat({"messages": USER, "model": "gpt-4"}, tokenizer(), MODEL, False)
-    assert (info.value.status, info.value.param, info.value.code) == (
+    assert (status(info.value), info.value.param, info.value.code) == (
         404, "model", "model_not_found")
     assert prepare_chat({"messages": USER, "model": MODEL}, tokenizer(), MODEL, False)
 
@@ -265,7 +271,7 @@ def test_engine_refusals_name_the_openai_field():
         "inputs", "the prompt is 99 tokens, but the model's context is 64 tokens"), "messages")
     assert (long.param, long.code) == ("messages", "context_length_exceeded")
     bias = engine_refusal(RequestValidationError("logit_bias", "has an unknown id"), "prompt")
-    assert (bias.status, bias.param) == (400, "logit_bias")
+    assert (status(bias), bias.param) == (400, "logit_bias")
 
 
 # -- chat prompts ---------------------------------------------------------------------------------
@@ -493,8 +499,8 @@ def out(*seqs: SequenceOutput, finished: bool = False, prompt_logprobs=None) -> 
 CTX = ResponseContext("chatcmpl-1", 1700000000, MODEL, lambda i: f"<{i}>")
 
 
-def collect(*outputs: RequestOutput, start: float = 100.25) -> Collected:
-    col = Collected()
+def collect(*outputs: RequestOutput, start: float = 100.25) -> Folded:
+    col = Folded()
     for k, output in enumerate(outputs):
         col.add(output, start + 0.05 * k)
     return col

@@ -11,10 +11,8 @@ import openai
 import pytest
 import requests
 import uvicorn
-from fakes import FakeEngine
+from fakes import FakeEngine, served_app
 from server_process import running_server
-
-from handlers.server.app import ServerSettings, create_app
 
 pytestmark = pytest.mark.e2e
 
@@ -188,7 +186,7 @@ def test_invocations_routes_by_body(url):
 @pytest.fixture
 async def fake_url() -> AsyncIterator[tuple[FakeEngine, str]]:
     engine = FakeEngine(token_delay=0.01)
-    app = create_app(engine, ServerSettings(model_name="fake-model"))
+    app = served_app(engine)
     server = uvicorn.Server(uvicorn.Config(app, "127.0.0.1", 0, log_level="warning",
                                           lifespan="off", timeout_graceful_shutdown=1))
     task = asyncio.create_task(server.serve())

@@ -15,11 +15,9 @@ import uvicorn
 from botocore.config import Config
 from botocore.eventstream import EventStreamBuffer
 from botocore.exceptions import ClientError, EventStreamError
-from fakes import FakeEngine
+from fakes import FakeEngine, served_app
 
-from handlers.protocols.sagemaker import encode_frame, model_stream_error, payload_part
-from handlers.server.app import ServerSettings, create_app
-from handlers.server.dynamic_handler import DynamicBatching
+from handlers.protocols.sagemaker_eventstream import encode_frame, model_stream_error, payload_part
 
 STREAM_BODY = {"inputs": "a b c", "parameters": {"max_new_tokens": 5}, "stream": True}
 
@@ -67,7 +65,7 @@ def test_non_ascii_headers_and_large_payload_round_trip():
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    yield from serve(create_app(FakeEngine(), ServerSettings(model_name="fake-model")))
+    yield from serve(served_app(FakeEngine()))
 
 
 def serve(app) -> Iterator[str]:
@@ -171,8 +169,7 @@ def test_inference_id_is_the_request_id_in_logs(runtime, caplog):
 
 
 def test_dynamic_batch_stream_failure_is_a_model_stream_error():
-    batching = DynamicBatching(batch_size=2, max_batch_delay_ms=10, streaming=True)
-    app = create_app(FakeEngine(), ServerSettings("fake-model", dynamic_batching=batching))
+    app = served_app(FakeEngine(), dynamic=(2, 10, True))  # batch_size, delay ms, streaming
     for url in serve(app):
         client = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
                               aws_access_key_id="x", aws_secret_access_key="x")

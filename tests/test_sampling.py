@@ -15,8 +15,8 @@ from transformers import (
     TypicalLogitsWarper,
 )
 
-from handlers.engine import sampling
-from handlers.engine.sampling import SequenceSampler, prompt_logprobs, sample
+from handlers.engine.torch import sampling
+from handlers.engine.torch.sampling import SequenceSampler, prompt_logprobs, sample
 from handlers.engine.types import RequestValidationError, SamplingParams
 
 V = 64

@@ -10,9 +10,9 @@ import httpx
 import orjson
 import pytest
 import uvicorn
-from fakes import FakeEngine
+from fakes import FakeEngine, served_app
 
-from handlers.server.app import ServerSettings, create_app
+from handlers.server.context import ServerSettings
 
 MODEL = "fake-model"
 
@@ -23,7 +23,7 @@ def engine() -> FakeEngine:
 
 
 def client_for(engine: FakeEngine, **settings) -> httpx.AsyncClient:
-    app = create_app(engine, ServerSettings(model_name=MODEL, **settings))
+    app = served_app(engine, model_name=MODEL, **settings)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://lmi")
 
 
@@ -60,12 +60,13 @@ async def test_ping_is_503_until_the_engine_is_ready(engine, client):
     assert (response.status_code, response.json()) == (200, {"status": "Healthy"})
 
 
-async def test_invocations_while_loading_is_503(engine, client):
-    engine.ready = False
-    response = await invoke(client, {"inputs": "hi"})
+async def test_invocations_while_loading_is_503(engine):
+    loading = httpx.ASGITransport(app=served_app(engine, loaded=False))
+    async with httpx.AsyncClient(transport=loading, base_url="http://lmi") as client:
+        response = await invoke(client, {"inputs": "hi"})
+        chat = await invoke(client, {"messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 503
     assert response.json() == {"error": "the model is still loading", "code": 503}
-    chat = await invoke(client, {"messages": [{"role": "user", "content": "hi"}]})
     assert chat.status_code == 503  # an OpenAI body gets OpenAI's error shape
     assert chat.json()["error"]["message"] == "the model is still loading"
 
@@ -405,7 +406,7 @@ async def test_lmi_names_map_to_engine_parameters(client, engine):
 
 @pytest.fixture
 async def live_url(engine: FakeEngine) -> AsyncIterator[str]:
-    app = create_app(engine, ServerSettings(model_name=MODEL))
+    app = served_app(engine, model_name=MODEL)
     config = uvicorn.Config(
         app, "127.0.0.1", 0, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
     )
@@ -457,7 +458,7 @@ async def test_disconnect_before_the_first_token_aborts(engine, live_url, stream
 
 async def test_metrics_expose_the_engine_counters():
     engine = FakeEngine()
-    app = create_app(engine, ServerSettings(model_name="fake-model"))
+    app = served_app(engine)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
         await client.post("/invocations", json={"inputs": "a b c"})
         response = await client.get("/metrics")

@@ -12,9 +12,9 @@ import pytest
 import torch
 from tiny_model import make_tiny_model_dir
 
-from handlers.engine import sampling
-from handlers.engine.loader import load_model
+from handlers.engine.torch import sampling
 from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.torch.loader import load_model
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,

@@ -15,30 +15,30 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import orjson
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
 from handlers.djl.inputs import request_body
-from handlers.djl.stepping import Pair, run_steps
-from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.base import Pair, SteppableEngine
 from handlers.engine.types import GenerationRequest, RequestValidationError
-from handlers.protocols.lmi.accumulator import Accumulator
+from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.lmi.dynamic import (
     HANDLER_FAILURE,
+    DynamicError,
     DynamicRequest,
     StreamLines,
-    error_body,
     input_field,
     parse_dynamic_request,
     render_answer,
     to_generation_requests,
 )
-from handlers.protocols.lmi.errors import LmiError
-from handlers.protocols.lmi.formatters import JSON_MEDIA_TYPE, JSONLINES_MEDIA_TYPE
+from handlers.protocols.outputs import Event, Folded
+from handlers.server.framing import JSON_MEDIA_TYPE, Framing
+from handlers.server.generation import stepped
+from handlers.server.status import LMI_HTTP
 
 log = logging.getLogger(__name__)
-
-UNFINISHED = "the engine ended the request without finishing it"
 
 
 @dataclass
@@ -47,17 +47,21 @@ class _Item:
 
     request: DynamicRequest | None = None
     gens: list[GenerationRequest] = field(default_factory=list)
-    accs: list[Accumulator] = field(default_factory=list)
-    error: str | None = None  # refused before admission
+    accs: list[Folded] = field(default_factory=list)
+    error: DynamicError | None = None  # refused before admission
 
     def answer(self) -> tuple[int, bytes]:
-        if self.error is not None:
-            return 424, error_body(self.error)
-        return render_answer(self.accs, self.request)
+        try:
+            if self.error is not None:
+                raise self.error
+            return 200, orjson.dumps(render_answer(self.accs, self.request))
+        except DynamicError as failed:
+            status = LMI_HTTP[failed.kind]
+            return status, orjson.dumps(failed.payload(status))
 
 
 class DynamicBatchDriver:
-    def __init__(self, engine: TorchEngine, streaming: bool) -> None:
+    def __init__(self, engine: SteppableEngine, streaming: bool) -> None:
         self.engine = engine
         self.streaming = streaming
 
@@ -83,67 +87,73 @@ class DynamicBatchDriver:
             gens = to_generation_requests(request)
             for index, gen in enumerate(gens):
                 self._validate(request, index, gen)
-        except LmiError as exc:
+        except ProtocolError as exc:  # a body that is not JSON is refused in LMI's terms
             log.info("[RequestId=%s] invalid request: %s", item.get_property("requestId"),
                      exc.message)
-            return _Item(error=exc.message)
-        return _Item(request, gens, [Accumulator() for _ in gens])
+            return _Item(error=DynamicError(exc.message, exc.kind))
+        return _Item(request, gens, [Folded() for _ in gens])
 
     def _validate(self, request: DynamicRequest, index: int, gen: GenerationRequest) -> None:
         try:
             self.engine.validate(gen)
         except RequestValidationError as exc:
             where = input_field(request, index) if exc.field == "inputs" else exc.field
-            raise LmiError(f"{where}: {exc.message}") from None
+            raise DynamicError(f"{where}: {exc.message}") from None
 
     def _run(self, items: list[_Item]) -> None:
         """Run every prompt of the batch to completion, together."""
         owners = [(item, i) for item in items for i in range(len(item.gens))]
         gens = [gen for item in items for gen in item.gens]
-        for pairs in run_steps(self.engine.batcher, gens):
-            for position, output in pairs:
-                item, index = owners[position]
-                item.accs[index].add(output)
+        try:
+            for pairs in stepped(self.engine, gens):
+                for position, output in pairs:
+                    item, index = owners[position]
+                    item.accs[index].add(output)
+        except GenerationError as exc:  # the unfinished requests answer it
+            log.warning("dynamic batch stopped short: %s", exc.message)
 
     def _stream(self, item: _Item) -> Output:
         """Steps until the first text before answering, so that a request failing before any
         text gets an HTTP error instead of a stream."""
         if item.error is not None:
-            return Output().error(item.error)
-        steps = run_steps(self.engine.batcher, item.gens)
+            return Output().error(item.error.message)
+        steps = stepped(self.engine, item.gens)
         lines = StreamLines(len(item.gens))
-        first = b""
-        for pairs in steps:
-            first = lines.feed(pairs)
-            if first or lines.done:
-                break
+        first = None
+        try:
+            for pairs in steps:
+                first = lines.feed(pairs)
+                if first or lines.done:
+                    break
+        except GenerationError as exc:
+            return Output().error(exc.message)
         if lines.failure is not None and not first:
             steps.close()
-            return Output().error(lines.failure)
-        outputs = Output().add_property("Content-Type", JSONLINES_MEDIA_TYPE)
+            return Output().error(lines.failure.message)
+        outputs = Output().add_property("Content-Type", Framing.JSONLINES.media_type)
         return outputs.add_stream_content(_lines(first, steps, lines), output_formatter=None)
 
 
-def _lines(first: bytes, steps: Iterator[list[Pair]], lines: StreamLines) -> Iterator[bytes]:
+def _lines(first: Event | None, steps: Iterator[list[Pair]], lines: StreamLines
+           ) -> Iterator[bytes]:
     """The stream's jsonlines; DJL pulls them after `handle()` returned."""
+    frame = Framing.JSONLINES.frame
     try:
         if first:
-            yield first
+            yield frame(first.data)
         if not lines.done:
             for pairs in steps:
                 if line := lines.feed(pairs):
-                    yield line
+                    yield frame(line.data)
                 if lines.done:
                     break
         if lines.failure is not None:
-            yield lines.error(lines.failure)
-        elif not lines.done:
-            yield lines.error(UNFINISHED)
+            yield frame(lines.error(lines.failure.message, LMI_HTTP[lines.failure.kind]).data)
     except Exception as exc:
         log.exception("dynamic-batch stream failed")
-        yield lines.error(str(exc) or type(exc).__name__)
+        yield frame(lines.error(str(exc) or type(exc).__name__, LMI_HTTP[ErrorKind.FAILED]).data)
     finally:
-        steps.close()  # aborts what still runs when DJL stops reading early
+        steps.close()  # cancels what still runs when DJL stops reading early
 
 
 def _json(outputs: Output, body: bytes) -> Output:

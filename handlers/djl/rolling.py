@@ -2,7 +2,7 @@
 
 DJL's front end sends the whole active batch on every call: the requests already running come
 first, in the order they joined, with empty data; new requests follow with their bodies. Each
-call runs one `ContinuousBatcher.step()` and answers one binary-encoded record per batch entry,
+call runs one engine step and answers one binary-encoded record per batch entry,
 in batch order: `data` (the text to append to that request's response), `last`, `content_type`
 and, for a failed request, `code` and `error`. DJL drops the requests whose record was `last`
 before the next call, and so does this driver. A request that fails validation gets its error
@@ -15,16 +15,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
 from handlers.djl.inputs import request_body
-from handlers.djl.stepping import step
-from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.base import SteppableEngine
 from handlers.engine.types import RequestOutput, RequestValidationError
 from handlers.protocols.lmi import (
-    Accumulator,
     LmiError,
+    LmiFailure,
     LmiRequest,
     RenderOptions,
     StreamRenderer,
@@ -33,11 +33,11 @@ from handlers.protocols.lmi import (
     stream_style,
     to_generation_request,
 )
-from handlers.protocols.lmi.formatters import FAILURE_STATUS, JSON_MEDIA_TYPE
+from handlers.protocols.outputs import UNFINISHED, Folded
+from handlers.server.framing import JSON_MEDIA_TYPE, LMI_FRAMING, Framing
+from handlers.server.status import LMI_HTTP
 
 log = logging.getLogger(__name__)
-
-UNFINISHED = "the engine ended the request without finishing it"
 
 
 @dataclass
@@ -48,7 +48,8 @@ class _Request:
     request_id: str = ""  # the engine's id
     opts: RenderOptions | None = None
     renderer: StreamRenderer | None = None  # set when the answer is streamed
-    acc: Accumulator = field(default_factory=Accumulator)
+    framing: Framing | None = None  # the stream's
+    acc: Folded = field(default_factory=Folded)
     error: str | None = None  # refused before admission
     sent: bool = False  # whether any data went out already
     done: bool = False
@@ -67,9 +68,8 @@ def _error_record(req: _Request, message: str, status: int = 424) -> dict[str, A
 
 
 class RollingBatchDriver:
-    def __init__(self, engine: TorchEngine, output_formatter: str, tgi_compat: bool) -> None:
+    def __init__(self, engine: SteppableEngine, output_formatter: str, tgi_compat: bool) -> None:
         self.engine = engine
-        self.batcher = engine.batcher
         self.tgi_compat = tgi_compat
         self.style = stream_style(output_formatter, tgi_compat)
         self.running: list[_Request] = []  # in DJL's batch order
@@ -77,7 +77,7 @@ class RollingBatchDriver:
     def reset(self) -> None:
         """Forget every request (DJL lost its batch after a failure): free their slots."""
         for req in self.running:
-            self.batcher.abort(req.request_id)
+            self.engine.cancel(req.request_id)
         self.running = []
 
     def inference(self, inputs: Input) -> Output:
@@ -91,7 +91,7 @@ class RollingBatchDriver:
         entries = self.running + [self._admit(item) for item in batch[len(self.running) :]]
         self.running = [req for req in entries if req.error is None]
         try:
-            outputs = step(self.batcher) if self.batcher.has_work else []
+            outputs = self.engine.step() if self.engine.has_work else []
         except Exception as exc:  # the batch state is lost: fail everyone, as DJL's batchers do
             log.exception("rolling batch step failed; %d requests fail", len(self.running))
             self.reset()
@@ -123,7 +123,8 @@ class RollingBatchDriver:
         req.opts = RenderOptions.for_request(lmi, self.tgi_compat)
         if lmi.stream and self.style is not None:
             req.renderer = StreamRenderer(req.opts, self.style)
-        self.batcher.add(gen)
+            req.framing = LMI_FRAMING[self.style]
+        self.engine.add(gen)
         log.info("[RequestId=%s] LMI request %s joins the batch, stream=%s",
                  req.client_id, gen.request_id, req.renderer is not None)
         return req
@@ -140,23 +141,25 @@ class RollingBatchDriver:
         if not req.acc.finished:
             return _record("", False, JSON_MEDIA_TYPE, req)
         req.done = True
-        status, body = render_json(req.acc, req.opts)
-        if status != 200:
-            return _error_record(req, req.acc.failure().message, status)
-        return _record(body.decode(), True, JSON_MEDIA_TYPE, req)
+        try:
+            body = render_json(req.acc, req.opts)
+        except LmiFailure as failed:
+            return _error_record(req, failed.message, LMI_HTTP[failed.kind])
+        return _record(orjson.dumps(body).decode(), True, JSON_MEDIA_TYPE, req)
 
     def _stream_record(self, req: _Request, renderer: StreamRenderer,
                        outputs: list[RequestOutput]) -> dict[str, Any]:
-        chunk = b"".join(renderer.feed(out) for out in outputs)
+        events = [event for out in outputs for event in renderer.feed(out)]
         if any(out.finished for out in outputs) and not renderer.done:
-            chunk += renderer.error(UNFINISHED)
+            events.append(renderer.error(UNFINISHED))
         if renderer.done and not req.sent:
             failure = renderer.acc.failure()
             if failure is not None:  # nothing went out yet: DJL can still answer an HTTP error
-                return _error_record(req, failure.message, FAILURE_STATUS[failure.reason])
+                return _error_record(req, failure.message, LMI_HTTP[failure.kind])
+        chunk = b"".join(req.framing.frame(event.data) for event in events)
         req.sent = req.sent or bool(chunk)
         req.done = renderer.done
-        return _record(chunk.decode(), renderer.done, renderer.style.media_type, req)
+        return _record(chunk.decode(), renderer.done, req.framing.media_type, req)
 
 
 def _parse(item: Input) -> LmiRequest:

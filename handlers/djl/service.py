@@ -2,7 +2,8 @@
 
 DJL's first call carries only the model's properties (no content): it loads the model. Later
 calls carry requests; the properties decide, as in DJL's front end, whether they come as
-rolling-batch steps or as dynamic batches.
+rolling-batch steps or as dynamic batches. Either way the engine is stepped right here, in
+DJL's calling thread (`SteppableEngine`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from typing import Any
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
-from handlers.config import ConfigError, log_config
+from handlers.config import ConfigError, check_effects, log_config
 from handlers.djl.dynamic import DynamicBatchDriver
 from handlers.djl.rolling import RollingBatchDriver
-from handlers.djl.settings import config_from_properties, is_rolling
-from handlers.engine.factory import build_engine
-from handlers.engine.torch.engine import TorchEngine
+from handlers.djl.settings import check_djl_effects, config_from_properties, is_rolling
+from handlers.engine import registry
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +36,18 @@ class DjlService:
         if config.embeddings_only:
             raise ConfigError("the DJL entry serves text generation; option.task=text-embedding "
                               f"({config.embedding_source}) is served by lmi-serve")
-        engine = build_engine(config)
-        if not isinstance(engine, TorchEngine):
-            raise ConfigError("the DJL entry steps the torch engine; "
-                              f"option.rolling_batch={config.rolling_batch!r} does not build it")
+        check_effects(config)
+        check_djl_effects(config)
+        steppable = registry.build(config).steppable
+        if steppable is None:
+            raise ConfigError("the DJL entry steps its engine; "
+                              f"option.rolling_batch={config.rolling_batch!r} builds one that "
+                              "cannot be stepped")
         if is_rolling(properties):
-            self.driver = RollingBatchDriver(engine, config.output_formatter, config.tgi_compat)
+            self.driver = RollingBatchDriver(steppable, config.output_formatter,
+                                             config.tgi_compat)
         else:
-            self.driver = DynamicBatchDriver(engine, config.enable_streaming)
+            self.driver = DynamicBatchDriver(steppable, config.enable_streaming)
         log.info("DJL entry ready: %s, %s", config.model_name, type(self.driver).__name__)
         self.initialized = True
 

@@ -12,9 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from handlers.config import SETTINGS, Config, load_config, parse_args
+from handlers.config import SETTINGS, Config, ConfigError, load_config, parse_args
 
-_OPTIONS = {s.key for s in SETTINGS if s.key.startswith("option.")}
+# DJL's front end itself applies these (it found this entry point, times loading and each call).
+_DJL_OWN = {"option.entryPoint", "option.model_loading_timeout", "option.predict_timeout"}
+_OPTIONS = {s.key for s in SETTINGS if s.key.startswith("option.")} - _DJL_OWN
+# What only lmi-serve's own routes read: the DJL entry answers LMI's schema alone.
+_SERVER_ONLY = ("full_text_enabled", "chat_template", "embedding_model_id")
 
 
 def is_rolling(properties: Mapping[str, Any]) -> bool:
@@ -54,3 +58,13 @@ def _device(device_id: Any) -> str | None:
     except (TypeError, ValueError):
         return None
     return "cpu" if index < 0 else f"cuda:{index}"
+
+
+def check_djl_effects(config: Config) -> None:
+    """Refuse the settings only lmi-serve's own routes would read."""
+    for setting in SETTINGS:
+        if setting.field in _SERVER_ONLY and config.is_set(setting):
+            raise ConfigError(
+                f"{setting.key}={getattr(config, setting.field)} would have no effect: the DJL "
+                "entry answers LMI's schema only (lmi-serve serves the OpenAI and embedding "
+                "routes); unset it")

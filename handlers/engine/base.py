@@ -1,20 +1,45 @@
-"""The one small interface every engine implements: validate, generate, abort, health."""
+"""The small interfaces every engine implements, and what protocols may ask of them.
+
+Protocols talk to an `Engine` and its `Tokenizer` only: they never see a Hugging Face object, a
+torch tensor or an engine's own loop. How an engine runs its loop is its own detail; the
+composition root learns it from the registry (`EngineBuild.main_loop`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
-from handlers.engine.types import GenerationRequest, RequestOutput
+from handlers.engine.types import EmbeddingResult, GenerationRequest, RequestOutput
+
+
+class Tokenizer(Protocol):
+    """The model's tokenizer and chat template, as protocols use them."""
+
+    vocab_size: int  # every id a prompt may carry is below this
+    eos_token_ids: frozenset[int]
+
+    def encode(self, text: str) -> list[int]:
+        """The text's token ids, with no special tokens added."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def chat_template(self, tools: list[dict[str, Any]] | None = None) -> str:
+        """The Jinja chat template in effect (option.chat_template, else the model's own);
+        ValueError when there is none."""
+
+    def render_chat(self, template: str, messages: list[dict[str, Any]], *,
+                    tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                    continue_final_message: bool) -> str:
+        """The prompt text of a conversation, rendered by `template` (a `chat_template()`)."""
 
 
 class Engine(Protocol):
+    """Generation: validate, generate, abort, health, stats, start and shutdown."""
+
     model_name: str
     max_model_len: int
-    tokenizer: Any  # a Hugging Face tokenizer (encode/decode/apply_chat_template)
-
-    def is_ready(self) -> bool:
-        """True once the engine can serve (the model is loaded and the loop runs)."""
+    tokenizer: Tokenizer
 
     def validate(self, request: GenerationRequest) -> None:
         """Tokenize and check a request before admission; raise RequestValidationError.
@@ -31,18 +56,82 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its batch slot and cache."""
 
+    def health(self) -> bool:
+        """True while the engine can answer requests."""
+
     def stats(self) -> dict[str, int]:
         """Gauges and counters for /metrics: running_requests, waiting_requests, prompt_tokens,
         generated_tokens, finished_requests."""
 
     async def start(self) -> None:
-        """Start the engine's loop in the background (after the model is loaded)."""
-
-    def run_forever(self) -> None:
-        """Run the engine's loop in the calling thread until `stop()` (lmi-serve's main thread)."""
-
-    def stop(self) -> None:
-        """Ask the loop to end, from any thread; requests still running end with an abort."""
+        """Start the engine's loop on the calling event loop's terms (after loading)."""
 
     async def shutdown(self) -> None:
         """Stop the loop; requests still running finish with an abort."""
+
+
+@runtime_checkable
+class GroupEngine(Protocol):
+    """An engine that runs one client request's prompts together (dynamic batching's jobs)."""
+
+    def submit(self, requests: list[GenerationRequest]) -> AsyncIterator[list[Pair]]:
+        """Queue validated requests as one job; each item lists the (index, output) pairs that
+        arrived together; closing the stream early aborts what is left."""
+
+
+Pair = tuple[int, RequestOutput]  # (the request's index in its group, an output for it)
+
+
+@runtime_checkable
+class SteppableEngine(Protocol):
+    """An engine a caller can step synchronously (the DJL entry: one step per `handle()`)."""
+
+    model_name: str
+
+    def validate(self, request: GenerationRequest) -> None: ...
+
+    def add(self, request: GenerationRequest) -> None:
+        """Queue a validated request; it joins the batch at the next step."""
+
+    def step(self) -> list[RequestOutput]:
+        """Admit, prefill, decode one token for every running sequence; the outputs."""
+
+    def cancel(self, request_id: str) -> None:
+        """Finish a request now and free its slot."""
+
+    @property
+    def has_work(self) -> bool: ...
+
+
+class MainThreadLoop(Protocol):
+    """An engine loop that runs in the thread that calls `run_forever` (the torch engine runs
+    fastest in the process's main thread)."""
+
+    def run_forever(self) -> None: ...
+
+    def stop(self) -> None:
+        """End `run_forever` soon; safe from any thread and from signal handlers."""
+
+
+class Embedder(Protocol):
+    """An embedding model's engine."""
+
+    model_name: str
+    dimension: int
+
+    async def embed(self, texts: list[str], instruction: str | None = None,
+                    truncate: bool = True) -> EmbeddingResult: ...
+
+    def health(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+class EngineBuild:
+    """What the registry built: the engine protocols talk to, and how its loop wants to run."""
+
+    def __init__(self, engine: Engine, main_loop: MainThreadLoop | None = None,
+                 steppable: SteppableEngine | None = None) -> None:
+        self.engine = engine
+        self.main_loop = main_loop  # run it in the process's main thread instead of `start()`
+        self.steppable = steppable  # the same engine, stepped by the caller (the DJL entry)

@@ -160,3 +160,9 @@ class RequestOutput:
     metrics: RequestMetrics
     finished: bool = False
     prompt_logprobs: list[Token] | None = None  # on the first output, when asked for
+
+
+@dataclass
+class EmbeddingResult:
+    vectors: list[list[float]]  # one per input, in input order
+    prompt_tokens: int  # tokens embedded: special and instruction tokens included, after truncation

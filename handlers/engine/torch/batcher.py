@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from handlers.engine import sampling
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
-from handlers.engine.structured import Grammars, mask_logits
+from handlers.engine.torch import sampling
 from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
 from handlers.engine.torch.sequence import RequestState, Sequence, make_token
+from handlers.engine.torch.structured import Grammars, mask_logits
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,

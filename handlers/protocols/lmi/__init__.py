@@ -1,27 +1,26 @@
-"""DJL Serving LMI protocol: the `inputs` / `parameters` / `stream` schema and its formatters."""
+"""DJL Serving LMI protocol: the `inputs` / `parameters` / `stream` schema and its formatters
+(rolling batch), and the dynamic-batch schema (`dynamic`)."""
 
-from handlers.protocols.lmi.accumulator import Accumulator
-from handlers.protocols.lmi.errors import LmiError
+from handlers.protocols.lmi.errors import LmiError, LmiFailure, generation_error
 from handlers.protocols.lmi.formatters import (
     RenderOptions,
     StreamRenderer,
     StreamStyle,
     early_failure,
-    error_body,
     render_json,
     stream_style,
 )
 from handlers.protocols.lmi.request import LmiRequest, parse_lmi_request, to_generation_request
 
 __all__ = [
-    "Accumulator",
     "LmiError",
+    "LmiFailure",
     "LmiRequest",
     "RenderOptions",
     "StreamRenderer",
     "StreamStyle",
     "early_failure",
-    "error_body",
+    "generation_error",
     "parse_lmi_request",
     "render_json",
     "stream_style",

@@ -12,16 +12,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from handlers.engine.types import GenerationRequest, RequestOutput
-from handlers.protocols.lmi.accumulator import FAILED, Accumulator
-from handlers.protocols.lmi.errors import LmiError
-from handlers.protocols.lmi.formatters import FAILURE_STATUS
+from handlers.protocols.errors import GenerationError, ProtocolError
 from handlers.protocols.lmi.request import LmiParameters, describe_errors, to_sampling_params
+from handlers.protocols.outputs import Event, Failure, Folded, output_failure
 
 HANDLER_FAILURE = "invoke handler failure"
+
+
+class DynamicError(ProtocolError):
+    """Any refusal or failure of a dynamic-batch request: DJL's handler failure body."""
+
+    def payload(self, status: int) -> dict[str, Any]:
+        return error_body(self.message, status)
+
+    @classmethod
+    def of(cls, error: GenerationError) -> DynamicError:
+        return cls(error.message, error.kind)
 
 
 def _as_list(value: Any) -> Any:
@@ -45,18 +54,19 @@ class DynamicRequest(BaseModel):
 
 
 def parse_dynamic_request(body: Any) -> DynamicRequest:
-    """Validate a decoded JSON body; raise LmiError (424) naming the offending field."""
+    """Validate a decoded JSON body; raise DynamicError naming the offending field."""
     if not isinstance(body, dict):
-        raise LmiError("request body must be a JSON object with an 'inputs' field")
+        raise DynamicError("request body must be a JSON object with an 'inputs' field")
     try:
         request = DynamicRequest.model_validate(body)
     except ValidationError as exc:
-        raise LmiError(describe_errors(exc)) from None
+        raise DynamicError(describe_errors(exc)) from None
     p = request.parameters
     if p.num_beams > 1:
-        raise LmiError("parameters.num_beams: beam search is not supported")
+        raise DynamicError("parameters.num_beams: beam search is not supported")
     if p.num_sequences > 1:
-        raise LmiError("parameters.n: n and best_of > 1 are not supported with dynamic batching")
+        raise DynamicError("parameters.n: n and best_of > 1 are not supported with dynamic "
+                           "batching")
     return request
 
 
@@ -72,28 +82,21 @@ def input_field(request: DynamicRequest, index: int) -> str:
     return "inputs" if len(request.inputs) == 1 else f"inputs.{index}"
 
 
-def error_body(message: str, status: int = 424) -> bytes:
-    return orjson.dumps({"code": status, "message": HANDLER_FAILURE, "error": message})
+def error_body(message: str, status: int) -> dict[str, Any]:
+    return {"code": status, "message": HANDLER_FAILURE, "error": message}
 
 
-def collect(accumulators: list[Accumulator], pairs: list[tuple[int, RequestOutput]]) -> None:
-    for index, output in pairs:
-        accumulators[index].add(output)
-
-
-def render_answer(accumulators: list[Accumulator], request: DynamicRequest) -> tuple[int, bytes]:
-    """The non-streaming answer: (HTTP status, body). One failed input fails the request."""
-    for acc in accumulators:
+def render_answer(folded: list[Folded], request: DynamicRequest) -> list[dict[str, str]]:
+    """The non-streaming answer; DynamicError when an input failed (it fails the request)."""
+    for acc in folded:
         failure = acc.failure()
         if failure is not None:
-            status = FAILURE_STATUS[failure.reason]
-            return status, error_body(failure.message, status)
+            raise DynamicError(failure.message, failure.kind)
     full = request.parameters.return_full_text
-    answers = [
+    return [
         {"generated_text": (prompt if full else "") + acc.sequences[0].text}
-        for prompt, acc in zip(request.inputs, accumulators, strict=True)
+        for prompt, acc in zip(request.inputs, folded, strict=True)
     ]
-    return 200, orjson.dumps(answers)
 
 
 class StreamLines:
@@ -102,32 +105,24 @@ class StreamLines:
 
     def __init__(self, inputs: int) -> None:
         self.inputs = inputs
-        self.failure: str | None = None
+        self.failure: Failure | None = None
         self._open = set(range(inputs))
 
     @property
     def done(self) -> bool:
         return not self._open or self.failure is not None
 
-    def feed(self, pairs: list[tuple[int, RequestOutput]]) -> bytes:
-        """The line for these outputs; b"" when none of them released any text."""
+    def feed(self, pairs: list[tuple[int, RequestOutput]]) -> Event | None:
+        """The line for these outputs; None when none of them released any text."""
         texts = [""] * self.inputs
         for index, output in pairs:
-            for seq in output.outputs:
-                if seq.index != 0:
-                    continue
-                texts[index] += seq.text
-                if seq.finish_reason in FAILED and self.failure is None:
-                    self.failure = seq.error or "generation failed"
+            texts[index] += "".join(seq.text for seq in output.outputs if seq.index == 0)
+            self.failure = self.failure or output_failure(output)
             if output.finished:
                 self._open.discard(index)
-        return self.line(texts) if any(texts) else b""
+        return Event({"outputs": texts}) if any(texts) else None
 
-    @staticmethod
-    def line(texts: list[str]) -> bytes:
-        return orjson.dumps({"outputs": texts}) + b"\n"
-
-    def error(self, message: str) -> bytes:
+    def error(self, message: str, status: int) -> Event:
         """The last line of a stream that failed after it began: DJL's failure body."""
-        self.failure = self.failure or message
-        return error_body(message) + b"\n"
+        self.failure = self.failure or Failure(None, message)
+        return Event(error_body(message, status), failure=message)

@@ -1,20 +1,40 @@
-"""LMI's error shape: `{"error": "<what is wrong>", "code": <status>}` (seed 004)."""
+"""LMI's error bodies (seed 004): a refusal is `{"error": "<what is wrong>", "code": <status>}`;
+a generation that failed is answered with the non-streaming error answer, whose `details` say
+`finish_reason: error`."""
 
 from __future__ import annotations
 
-import orjson
+from typing import Any
 
-# DJL answers failed validation and failed inference with 424 (Failed Dependency).
-VALIDATION_STATUS = 424
+from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 
 
-class LmiError(Exception):
-    """A request the LMI protocol refuses; `status` is the HTTP status to answer with."""
+class LmiError(ProtocolError):
+    """A request the LMI protocol refuses."""
 
-    def __init__(self, message: str, status: int = VALIDATION_STATUS) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+    def payload(self, status: int) -> dict[str, Any]:
+        return {"error": self.message, "code": status}
 
-    def body(self) -> bytes:
-        return orjson.dumps({"error": self.message, "code": self.status})
+
+class LmiFailure(ProtocolError):
+    """A generation that failed (or was aborted) before its answer was sent."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.FAILED) -> None:
+        super().__init__(message, kind)
+
+    def payload(self, status: int) -> dict[str, Any]:
+        return failure_body(self.message, status)
+
+
+def generation_error(error: GenerationError) -> ProtocolError:
+    """LMI's answer to a generation the driver stopped: a refusal when admission refused it
+    (the server is overloaded), else a failed generation."""
+    if error.kind is ErrorKind.OVERLOADED:
+        return LmiError(error.message, error.kind)
+    return LmiFailure(error.message, error.kind)
+
+
+def failure_body(message: str, status: int) -> dict[str, Any]:
+    """Seed 004's non-streaming error answer, plus DJL's `error` message and `code`."""
+    details = {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None}
+    return {"generated_text": "", "details": details, "error": message, "code": status}

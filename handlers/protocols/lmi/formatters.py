@@ -1,9 +1,9 @@
-"""LMI's output formatters: pure functions of the engine's `RequestOutput`s.
+"""LMI's output formatters: pure functions of the engine's `RequestOutput`s, to plain objects.
 
-Non-streaming answers are one JSON object (a one-element array under tgi_compat). Streaming
-answers are one line per generated token, as jsonlines, SSE, or SSE in TGI's shape; the last line
+Non-streaming answers are one object (a one-element list under tgi_compat). Streaming answers
+are one object per generated token, framed as jsonlines, SSE, or SSE in TGI's shape; the last one
 also carries `generated_text` (and `details` when asked for). Key names and order follow DJL
-Serving's formatters; JSON is written compactly by orjson.
+Serving's formatters.
 """
 
 from __future__ import annotations
@@ -12,28 +12,16 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-import orjson
-
-from handlers.engine.types import FinishReason, RequestOutput, Token, TopToken
-from handlers.protocols.lmi.accumulator import FAILED, Accumulator, SequenceState
+from handlers.engine.types import RequestOutput, Token, TopToken
+from handlers.protocols.lmi.errors import LmiFailure
 from handlers.protocols.lmi.request import LmiRequest
-
-# Failed inference answers 424 in DJL; an abort (server shutting down) is a 503.
-FAILURE_STATUS = {FinishReason.ERROR: 424, FinishReason.ABORT: 503}
-
-
-JSON_MEDIA_TYPE = "application/json"
-JSONLINES_MEDIA_TYPE = "application/jsonlines"
+from handlers.protocols.outputs import FAILED, Event, Folded, FoldedSequence, output_failure
 
 
 class StreamStyle(Enum):
     JSONLINES = "jsonlines"
     SSE = "sse"
     TGI = "tgi"  # SSE with TGI's token keys and always-present generated_text / details
-
-    @property
-    def media_type(self) -> str:
-        return JSONLINES_MEDIA_TYPE if self is StreamStyle.JSONLINES else "text/event-stream"
 
 
 def stream_style(output_formatter: str, tgi_compat: bool) -> StreamStyle | None:
@@ -68,7 +56,7 @@ class RenderOptions:
             n=p.returned_sequences,
         )
 
-    def generated_text(self, seq: SequenceState) -> str:
+    def generated_text(self, seq: FoldedSequence) -> str:
         return self.inputs + seq.text if self.return_full_text else seq.text
 
 
@@ -94,7 +82,7 @@ def _top_dict(top: TopToken, key: str) -> dict[str, Any]:
 
 
 def details_dict(
-    seq: SequenceState, acc: Accumulator, opts: RenderOptions, with_tokens: bool
+    seq: FoldedSequence, acc: Folded, opts: RenderOptions, with_tokens: bool
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "finish_reason": seq.finish_reason.value if seq.finish_reason else None,
@@ -110,45 +98,43 @@ def details_dict(
     return out
 
 
-def _best_of_dict(seq: SequenceState, acc: Accumulator, opts: RenderOptions) -> dict[str, Any]:
+def _best_of_dict(seq: FoldedSequence, acc: Folded, opts: RenderOptions) -> dict[str, Any]:
     out = details_dict(seq, acc, opts, with_tokens=True)
     del out["inputs"]
     out["generated_text"] = opts.generated_text(seq)
     return out
 
 
-def error_body(message: str, status: int) -> bytes:
-    """Seed 004's non-streaming error answer, plus DJL's `error` message and `code`."""
-    details = {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None}
-    return orjson.dumps(
-        {"generated_text": "", "details": details, "error": message, "code": status}
-    )
+def ranked(acc: Folded, n: int) -> list[FoldedSequence]:
+    """The `n` best sequences by cumulative log-probability (ties keep engine order)."""
+    ordered = sorted(acc.sequences.values(), key=lambda s: (-s.cumulative_logprob, s.index))
+    return ordered[:n]
 
 
-def render_json(acc: Accumulator, opts: RenderOptions) -> tuple[int, bytes]:
-    """The non-streaming answer: (HTTP status, body). The best sequence is the main one."""
+def render_json(acc: Folded, opts: RenderOptions) -> Any:
+    """The non-streaming answer; LmiFailure when the generation failed. The best sequence is
+    the main one."""
     failure = acc.failure()
     if failure is not None:
-        status = FAILURE_STATUS[failure.reason]
-        return status, error_body(failure.message, status)
-    ranked = acc.ranked(opts.n)
-    best = ranked[0]
+        raise LmiFailure(failure.message, failure.kind)
+    best_first = ranked(acc, opts.n)
+    best = best_first[0]
     result: dict[str, Any] = {"generated_text": opts.generated_text(best)}
     if opts.details:
         details = details_dict(best, acc, opts, with_tokens=True)
-        if len(ranked) > 1:
-            details["best_of_sequences"] = [_best_of_dict(s, acc, opts) for s in ranked[1:]]
+        if len(best_first) > 1:
+            details["best_of_sequences"] = [_best_of_dict(s, acc, opts) for s in best_first[1:]]
         result["details"] = details
-    return 200, orjson.dumps([result] if opts.tgi else result)
+    return [result] if opts.tgi else result
 
 
-def early_failure(output: RequestOutput) -> tuple[int, bytes] | None:
-    """A first output that fails the request before any token: answered with an HTTP error."""
+def early_failure(output: RequestOutput) -> LmiFailure | None:
+    """A first output that fails the request before any token: answered with an error status."""
     seq = next((s for s in output.outputs if s.index == 0), None)
     if seq is None or seq.tokens or seq.finish_reason not in FAILED:
         return None
-    status = FAILURE_STATUS[seq.finish_reason]
-    return status, error_body(seq.error or "generation failed", status)
+    failure = output_failure(output)
+    return LmiFailure(failure.message, failure.kind)
 
 
 # Stands in for the last token when a sequence finishes in a step that released none.
@@ -158,7 +144,7 @@ _ERROR_DETAILS = {"finish_reason": "error", "generated_tokens": None, "inputs": 
 
 
 class StreamRenderer:
-    """Renders one request's outputs, step by step, as the bytes of a token stream.
+    """Renders one request's outputs, step by step, as the events of a token stream.
 
     Only sequence 0 is streamed (the request parser refuses n > 1 with streaming).
     """
@@ -166,17 +152,17 @@ class StreamRenderer:
     def __init__(self, opts: RenderOptions, style: StreamStyle) -> None:
         self.opts = replace(opts, tgi=style is StreamStyle.TGI)
         self.style = style
-        self.acc = Accumulator()
+        self.acc = Folded()
         self.done = False
 
-    def feed(self, output: RequestOutput) -> bytes:
-        """The lines for the tokens this output released (b"" when none, or when done)."""
+    def feed(self, output: RequestOutput) -> list[Event]:
+        """The events for the tokens this output released (none when done)."""
         if self.done:
-            return b""
+            return []
         self.acc.add(output)
         seq = next((s for s in output.outputs if s.index == 0), None)
         if seq is None:
-            return b""
+            return []
         failed = seq.finish_reason in FAILED
         ends = seq.finished and not failed
         last = len(seq.tokens) - 1
@@ -186,9 +172,9 @@ class StreamRenderer:
         elif ends and not seq.tokens:
             lines.append(self._token_line(_END_TOKEN, True))
         self.done = seq.finished
-        return b"".join(lines)
+        return lines
 
-    def error(self, message: str) -> bytes:
+    def error(self, message: str) -> Event:
         """The error line that ends a stream once tokens may have been sent (seed 004)."""
         self.done = True
         line: dict[str, Any] = {
@@ -198,9 +184,9 @@ class StreamRenderer:
         }
         if self.opts.tgi:
             line["error"] = message  # what TGI clients look for to raise
-        return self._frame(line)
+        return Event(line, failure=message)
 
-    def _token_line(self, token: Token, last: bool) -> bytes:
+    def _token_line(self, token: Token, last: bool) -> Event:
         tgi = self.opts.tgi
         line: dict[str, Any] = {"token": token_dict(token, tgi)}
         if self.opts.top_tokens:
@@ -214,10 +200,4 @@ class StreamRenderer:
             line["generated_text"] = None
         if tgi:
             line.setdefault("details", None)
-        return self._frame(line)
-
-    def _frame(self, line: dict[str, Any]) -> bytes:
-        body = orjson.dumps(line)
-        if self.style is StreamStyle.JSONLINES:
-            return body + b"\n"
-        return b"data: " + body + b"\n\n"
+        return Event(line)

@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 import jinja2.meta
 
+from handlers.engine.base import Tokenizer
 from handlers.protocols.openai import tool_calls
 from handlers.protocols.openai.errors import OpenAIError
 from handlers.protocols.openai.requests import ChatCompletionRequest, ChatMessage
@@ -25,18 +26,17 @@ MEDIA_PARTS = frozenset({"image_url", "input_image", "image", "video_url", "vide
                          "input_audio", "audio", "file"})
 
 
-def render_chat_prompt(tokenizer: Any, request: ChatCompletionRequest) -> str:
-    template = _template(tokenizer, request)
-    uses = template_variables(template) if template else frozenset()
+def render_chat_prompt(tokenizer: Tokenizer, request: ChatCompletionRequest) -> str:
     tools = offered_tools(request)
-    knows_calls = template is not None and "tool_calls" in template
+    template = _template(tokenizer, tools)
+    uses = template_variables(template)
+    knows_calls = "tool_calls" in template
     messages = [_message(m, i, knows_calls) for i, m in enumerate(request.messages)]
     if tools and "tools" not in uses:
         messages = tool_calls.with_tool_prompt(messages, tools)
     try:
-        return tokenizer.apply_chat_template(
-            messages, tools=tools if "tools" in uses else None, chat_template=template,
-            tokenize=False, **_prompt_end(request))
+        return tokenizer.render_chat(template, messages, tools=tools if "tools" in uses else None,
+                                     **_prompt_end(request))
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise OpenAIError(f"messages: the model's chat template cannot render them: {exc}",
                           "messages") from None
@@ -67,13 +67,10 @@ def offered_tools(request: ChatCompletionRequest) -> list[dict[str, Any]] | None
     return [t.model_dump(exclude_none=True) for t in request.tools]
 
 
-def _template(tokenizer: Any, request: ChatCompletionRequest) -> str | None:
-    """The template the tokenizer would use (None: a tokenizer that renders chats itself)."""
-    getter = getattr(tokenizer, "get_chat_template", None)
-    if getter is None:
-        return None
+def _template(tokenizer: Tokenizer, tools: list[dict[str, Any]] | None) -> str:
+    """The chat template in effect (option.chat_template, else the model's own)."""
     try:
-        return getter(tools=offered_tools(request))
+        return tokenizer.chat_template(tools)
     except ValueError:
         raise OpenAIError("messages: this model has no chat template; use /v1/completions "
                           "with a prompt instead", "messages") from None

@@ -20,12 +20,13 @@ from typing import Any
 
 from handlers.engine.types import RequestOutput, SequenceOutput
 from handlers.protocols.openai.accumulate import (
-    Choice,
-    Collected,
     ResponseContext,
     add_final_usage,
+    completion_tokens,
     finish_reason,
+    ranked,
     stream_chunk,
+    timings_ms,
     usage,
 )
 from handlers.protocols.openai.chat_prompt import echoed_text
@@ -37,6 +38,7 @@ from handlers.protocols.openai.tool_calls import (
     arguments_call,
     parse_calls_json,
 )
+from handlers.protocols.outputs import Folded, FoldedSequence
 
 
 @dataclass(frozen=True)
@@ -108,20 +110,21 @@ def tool_call(call: ParsedCall) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def render_chat_completion(ctx: ResponseContext, opts: ChatOptions, col: Collected
+def render_chat_completion(ctx: ResponseContext, opts: ChatOptions, col: Folded
                            ) -> dict[str, Any]:
-    choices = col.ranked(opts.n)
-    prefill_time, decode_times = col.timings_ms()
+    choices = ranked(col, opts.n)
+    prefill_time, decode_times = timings_ms(col)
     return {
         "id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
         "choices": [_message_choice(ctx, opts, c) for c in choices],
-        "usage": usage(col.prompt_token_count, col.completion_tokens(choices)),
+        "usage": usage(col.prompt_token_count, completion_tokens(choices)),
         "prefill_time": prefill_time,
         "decode_time_arr": decode_times,
     }
 
 
-def _message_choice(ctx: ResponseContext, opts: ChatOptions, choice: Choice) -> dict[str, Any]:
+def _message_choice(ctx: ResponseContext, opts: ChatOptions, choice: FoldedSequence
+                    ) -> dict[str, Any]:
     extractor = ToolExtractor(opts)
     content, calls = extractor.feed(choice.text)
     tail, more = extractor.finish()

@@ -12,15 +12,17 @@ from typing import Any
 
 from handlers.engine.types import RequestOutput, SequenceOutput
 from handlers.protocols.openai.accumulate import (
-    Collected,
     ResponseContext,
     add_final_usage,
+    completion_tokens,
     finish_reason,
+    ranked,
     stream_chunk,
     usage,
 )
 from handlers.protocols.openai.logprobs import CompletionLogprobs, merge
 from handlers.protocols.openai.requests import CompletionRequest
+from handlers.protocols.outputs import Folded
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,12 @@ class CompletionOptions:
         )
 
 
-def render_completion(ctx: ResponseContext, opts: CompletionOptions, results: list[Collected]
+def render_completion(ctx: ResponseContext, opts: CompletionOptions, results: list[Folded]
                       ) -> dict[str, Any]:
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+    choices, prompt_tokens, tokens = [], 0, 0
     for p, col in enumerate(results):
-        ranked = col.ranked(opts.n)
-        for i, choice in enumerate(ranked):
+        best = ranked(col, opts.n)
+        for i, choice in enumerate(best):
             text = choice.text
             logprobs = None
             if opts.logprobs is not None:
@@ -60,10 +62,10 @@ def render_completion(ctx: ResponseContext, opts: CompletionOptions, results: li
             choices.append({"index": p * opts.n + i, "text": text, "logprobs": logprobs,
                             "finish_reason": finish_reason(choice.finish_reason)})
         prompt_tokens += col.prompt_token_count
-        completion_tokens += col.completion_tokens(ranked)
+        tokens += completion_tokens(best)
     return {"id": ctx.id, "object": "text_completion", "created": ctx.created,
             "model": ctx.model, "choices": choices,
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, tokens)}
 
 
 @dataclass

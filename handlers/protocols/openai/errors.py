@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
+
+from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
+from handlers.protocols.outputs import Failure
 
 # pydantic error types -> OpenAI's codes for the same problem
 _CODES = {
@@ -23,42 +25,49 @@ _CODES = {
 _RANGE_ERRORS = ("greater_than", "less_than", "too_short", "too_long", "multiple_of")
 
 
-class OpenAIError(Exception):
-    """A request the OpenAI protocol refuses, with the HTTP status to answer with."""
+class OpenAIError(ProtocolError):
+    """A request the OpenAI protocol refuses or fails."""
 
     def __init__(
         self,
         message: str,
         param: str | None = None,
-        status: int = 400,
+        kind: ErrorKind = ErrorKind.VALIDATION,
         code: str | None = None,
-        type: str | None = None,  # noqa: A002 - OpenAI's field name
     ) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(message, kind)
         self.param = param
-        self.status = status
         self.code = code
-        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
 
-    def payload(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+    def payload(self, status: int) -> dict[str, Any]:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
                           "code": self.code}}
-
-    def body(self) -> bytes:
-        return orjson.dumps(self.payload())
 
 
 def model_not_found(model: str, served: str) -> OpenAIError:
     return OpenAIError(f"The model '{model}' does not exist; this server serves '{served}'.",
-                       "model", 404, "model_not_found")
+                       "model", ErrorKind.NOT_FOUND, "model_not_found")
 
 
 def not_a_text_model(model: str) -> OpenAIError:
     """A generation request to a server that serves an embedding model only (as OpenAI answers
     chat requests for its embedding models: 404, naming `model`)."""
     return OpenAIError(f"'{model}' is an embedding model: this server generates no text "
-                       "(option.task=text-embedding); use /v1/embeddings", "model", 404)
+                       "(option.task=text-embedding); use /v1/embeddings", "model",
+                       ErrorKind.NOT_FOUND)
+
+
+def generation_failed(failure: Failure | GenerationError) -> OpenAIError:
+    """A generation that failed: the engine's reason, unless the engine itself crashed before
+    answering (its exception is a bug's detail, not the client's business); a request that
+    admission refused says so."""
+    if isinstance(failure, GenerationError):
+        if failure.crashed:
+            return OpenAIError("internal server error", kind=ErrorKind.INTERNAL)
+        if failure.kind is ErrorKind.OVERLOADED:
+            return OpenAIError(failure.message, kind=failure.kind)
+    return OpenAIError(f"generation failed: {failure.message}", kind=failure.kind)
 
 
 def param_path(loc: tuple[str | int, ...]) -> str:
@@ -82,7 +91,8 @@ def from_validation_error(exc: ValidationError) -> OpenAIError:
     got = err.get("input")
     if err["type"] != "missing" and _is_scalar(got):
         message += f" (got {got!r})"
-    return OpenAIError(f"{param}: {message}" if param else message, param, 400, _code(err["type"]))
+    return OpenAIError(f"{param}: {message}" if param else message, param,
+                       code=_code(err["type"]))
 
 
 def _code(error_type: str) -> str:

@@ -1,20 +1,12 @@
-"""OpenAI requests -> the engine's `SamplingParams` and `GenerationRequest`.
+"""OpenAI requests -> the engine's `SamplingParams`.
 
 OpenAI samples by default (temperature 1); temperature 0 is greedy. `top_k` -1 or 0 is off.
-Output length: `max_tokens` / `max_completion_tokens`, where null means "up to the context";
-`fit_to_context` sets it once the prompt is tokenized, refusing a cap the context cannot hold
-(or, with Databricks' `error_behavior: truncate`, lowering it to what the context holds).
+The output length is set at admission (`admit.py`), once the prompt is tokenized.
 """
 
 from __future__ import annotations
 
-from handlers.engine.types import (
-    GenerationRequest,
-    RequestValidationError,
-    SamplingParams,
-    StructuredOutput,
-)
-from handlers.protocols.openai.errors import OpenAIError
+from handlers.engine.types import SamplingParams, StructuredOutput
 from handlers.protocols.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -61,26 +53,3 @@ def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
         prompt_logprobs=bool(request.echo) and request.logprobs is not None,
         best_of=request.best_of,
     )
-
-
-def fit_to_context(gen: GenerationRequest, request: GenerationFields, max_model_len: int) -> None:
-    """Set `max_new_tokens` for a validated request (its prompt tokenized)."""
-    prompt_tokens = len(gen.prompt_token_ids or [])
-    room = max_model_len - prompt_tokens
-    field, limit = request.max_output_tokens
-    if limit is not None and limit > room and request.truncates:
-        limit = room  # as many tokens as the context holds
-    if limit is not None and limit > room:
-        raise OpenAIError(
-            f"{field}: {limit} is too large; this model's context is {max_model_len} tokens "
-            f"and the prompt takes {prompt_tokens}, leaving {room}",
-            field, code="context_length_exceeded")
-    gen.params.max_new_tokens = room if limit is None else limit
-
-
-def engine_refusal(exc: RequestValidationError, prompt_field: str) -> OpenAIError:
-    """An engine's validation error in OpenAI's shape; the engine's `inputs` is the prompt."""
-    if exc.field == "inputs":
-        code = "context_length_exceeded" if "context" in exc.message else "invalid_value"
-        return OpenAIError(f"{prompt_field}: {exc.message}", prompt_field, code=code)
-    return OpenAIError(f"{exc.field}: {exc.message}", exc.field, code="invalid_value")

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from handlers.engine.base import Tokenizer
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.openai.accumulate import ResponseContext
 from handlers.protocols.openai.chat_prompt import render_chat_prompt
@@ -39,7 +40,7 @@ class CompletionJob:
     options: CompletionOptions
 
 
-def prepare_chat(body: Any, tokenizer: Any, model: str, full_text_enabled: bool) -> ChatJob:
+def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, full_text_enabled: bool) -> ChatJob:
     request = parse_chat_request(body)
     check_model(request.model, model)
     prompt = render_chat_prompt(tokenizer, request)
@@ -50,7 +51,7 @@ def prepare_chat(body: Any, tokenizer: Any, model: str, full_text_enabled: bool)
     return ChatJob(request, gen, context, ChatOptions.for_request(request, full_text_enabled))
 
 
-def prepare_completion(body: Any, tokenizer: Any, model: str) -> CompletionJob:
+def prepare_completion(body: Any, tokenizer: Tokenizer, model: str) -> CompletionJob:
     request = parse_completion_request(body)
     check_model(request.model, model)
     prompts = prompt_list(request.prompt, tokenizer)
@@ -67,17 +68,17 @@ def check_model(requested: str | None, served: str) -> None:
         raise model_not_found(requested, served)
 
 
-def prompt_list(prompt: str | list[Any], tokenizer: Any) -> list[tuple[str, list[int] | None]]:
+def prompt_list(prompt: str | list[Any], tokenizer: Tokenizer
+                ) -> list[tuple[str, list[int] | None]]:
     """Each prompt as (text, token ids or None): a string, strings, ids, or lists of ids."""
     if isinstance(prompt, str):
         return [(prompt, None)]
     if all(isinstance(p, str) for p in prompt):
         return [(p, None) for p in prompt]
     lists = [prompt] if all(isinstance(p, int) for p in prompt) else prompt
-    vocab = len(tokenizer) if hasattr(tokenizer, "__len__") else None
     out = []
     for i, ids in enumerate(lists):
-        bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+        bad = [t for t in ids if t < 0 or t >= tokenizer.vocab_size]
         if not ids or bad:
             where = f"prompt[{i}]" if lists is prompt else "prompt"
             what = f"unknown token ids {bad[:5]}" if bad else "an empty prompt"
@@ -86,7 +87,7 @@ def prompt_list(prompt: str | list[Any], tokenizer: Any) -> list[tuple[str, list
     return out
 
 
-def token_text_of(tokenizer: Any) -> TokenText:
+def token_text_of(tokenizer: Tokenizer) -> TokenText:
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id], skip_special_tokens=False)
 

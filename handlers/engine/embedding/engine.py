@@ -15,16 +15,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from handlers.engine.embedding_model import EmbeddingModel, load_embedding_model
-from handlers.engine.types import RequestValidationError
-
-__all__ = ["EmbeddingEngine", "EmbeddingModel", "EmbeddingResult", "load_embedding_model"]
-
-
-@dataclass
-class EmbeddingResult:
-    vectors: list[list[float]]  # one per input, in input order
-    prompt_tokens: int  # tokens embedded: special and instruction tokens included, after truncation
+from handlers.engine.embedding.model import EmbeddingModel
+from handlers.engine.types import EmbeddingResult, RequestValidationError
 
 
 @dataclass
@@ -58,7 +50,7 @@ class EmbeddingEngine:
         self._running = False
         self._thread: threading.Thread | None = None
 
-    def is_ready(self) -> bool:
+    def health(self) -> bool:
         return self._running
 
     def start(self) -> None:

@@ -1,6 +1,6 @@
 """LMI's dynamic batching (`option.rolling_batch=disable`) over any Engine.
 
-Each HTTP request is a job of one or more prompts (an LMI `inputs` list). Jobs are grouped into
+Each client request is a job of one or more prompts (an LMI `inputs` list). Jobs are grouped into
 batches: a batch closes once `batch_size` jobs are queued or `max_batch_delay` ms passed since
 its first job arrived; every prompt of the batch then goes to the inner engine at once, and the
 next batch starts only when this one has finished, as DJL Serving's batch aggregator does.
@@ -16,14 +16,11 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
-from handlers.engine.base import Engine
+from handlers.engine.base import Engine, Pair, Tokenizer
 from handlers.engine.types import GenerationRequest, RequestOutput
 
 log = logging.getLogger(__name__)
-
-Pair = tuple[int, RequestOutput]  # (index of the prompt in its job, an output for it)
 
 
 @dataclass(eq=False)
@@ -42,7 +39,7 @@ class JobStream:
     (usually one engine step). Ends once every prompt finished; raises the first failure;
     `aclose()` before the end aborts what is left of the job."""
 
-    def __init__(self, batcher: StaticBatcher, job: _Job) -> None:
+    def __init__(self, batcher: DynamicBatcher, job: _Job) -> None:
         self._batcher = batcher
         self._job = job
         self._open = set(range(len(job.requests)))  # prompts not finished yet
@@ -78,10 +75,11 @@ class JobStream:
             self._batcher.close(self._job)
 
 
-class StaticBatcher:
+class DynamicBatcher:
     """The Engine interface, with requests run in dynamic batches by the inner engine.
 
-    `submit()` queues one HTTP request's prompts as one job; `generate()` is a job of one.
+    `submit()` queues one client request's prompts as one job (GroupEngine); `generate()` is a
+    job of one.
     """
 
     def __init__(self, inner: Engine, batch_size: int, max_batch_delay_ms: int) -> None:
@@ -97,7 +95,7 @@ class StaticBatcher:
         self._batched_requests = 0
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self.inner.tokenizer
 
     @property
@@ -106,8 +104,8 @@ class StaticBatcher:
 
     # -- the Engine interface -------------------------------------------------------------------
 
-    def is_ready(self) -> bool:
-        return self.inner.is_ready()
+    def health(self) -> bool:
+        return self.inner.health()
 
     def validate(self, request: GenerationRequest) -> None:
         self.inner.validate(request)
@@ -138,12 +136,6 @@ class StaticBatcher:
     async def start(self) -> None:
         await self.inner.start()
 
-    def run_forever(self) -> None:
-        self.inner.run_forever()
-
-    def stop(self) -> None:
-        self.inner.stop()
-
     async def shutdown(self) -> None:
         if self._runner is not None:
             self._runner.cancel()
@@ -154,7 +146,7 @@ class StaticBatcher:
     # -- jobs -----------------------------------------------------------------------------------
 
     def submit(self, requests: list[GenerationRequest]) -> JobStream:
-        """Queue one HTTP request's (validated) prompts as one job; call on the event loop."""
+        """Queue one client request's (validated) prompts as one job; call on the event loop."""
         loop = asyncio.get_running_loop()
         job = _Job(list(requests), loop.time())
         self._queue.append(job)

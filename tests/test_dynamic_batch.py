@@ -1,4 +1,4 @@
-"""Dynamic batching (`option.rolling_batch=disable`): the StaticBatcher over the FakeEngine, the
+"""Dynamic batching (`option.rolling_batch=disable`): the DynamicBatcher over the FakeEngine, the
 dynamic-batch schema's pure functions, and its routes (tests/fakes.py scripts the engine)."""
 
 from __future__ import annotations
@@ -7,17 +7,18 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 import uvicorn
-from fakes import FakeEngine
+from fakes import FakeEngine, served_app
 from tiny_model import make_tiny_model_dir
 
-from handlers.engine.loader import load_model
-from handlers.engine.static_batcher import StaticBatcher
+from handlers.engine.dynamic_batch import DynamicBatcher
 from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.torch.loader import load_model
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,
@@ -27,10 +28,9 @@ from handlers.engine.types import (
     SequenceOutput,
     Token,
 )
-from handlers.protocols.lmi.dynamic import StreamLines, parse_dynamic_request
-from handlers.protocols.lmi.errors import LmiError
-from handlers.server.app import ServerSettings, create_app
-from handlers.server.dynamic_handler import DynamicBatching
+from handlers.protocols.lmi.dynamic import DynamicError, StreamLines, parse_dynamic_request
+from handlers.server.framing import Framing
+from handlers.server.status import LMI_HTTP
 
 
 @dataclass
@@ -50,7 +50,7 @@ def req(prompt: str, max_new_tokens: int = 3) -> GenerationRequest:
     return GenerationRequest(prompt, SamplingParams(max_new_tokens=max_new_tokens))
 
 
-async def texts(batcher: StaticBatcher, requests: list[GenerationRequest]) -> list[str]:
+async def texts(batcher: DynamicBatcher, requests: list[GenerationRequest]) -> list[str]:
     """Run one job to its end; the text of each of its prompts, in prompt order."""
     out = [""] * len(requests)
     async for pairs in batcher.submit(requests):
@@ -64,7 +64,7 @@ async def texts(batcher: StaticBatcher, requests: list[GenerationRequest]) -> li
 
 async def test_batches_close_at_batch_size_and_run_one_after_the_other():
     engine = RecordingEngine(token_delay=0.01)
-    batcher = StaticBatcher(engine, batch_size=4, max_batch_delay_ms=60_000)
+    batcher = DynamicBatcher(engine, batch_size=4, max_batch_delay_ms=60_000)
     prompts = [f"p{i}" for i in range(8)]
     async with asyncio.timeout(5):  # a batch that waited for its delay would time out here
         await asyncio.gather(*(texts(batcher, [req(p)]) for p in prompts))
@@ -77,7 +77,7 @@ async def test_batches_close_at_batch_size_and_run_one_after_the_other():
 
 async def test_a_batch_closes_after_max_batch_delay_with_fewer_requests():
     engine = RecordingEngine()
-    batcher = StaticBatcher(engine, batch_size=4, max_batch_delay_ms=200)
+    batcher = DynamicBatcher(engine, batch_size=4, max_batch_delay_ms=200)
     start = time.monotonic()
     assert await texts(batcher, [req("a b")]) == [" a b a"]
     assert 0.2 <= time.monotonic() - start < 1.0
@@ -86,7 +86,7 @@ async def test_a_batch_closes_after_max_batch_delay_with_fewer_requests():
 
 async def test_a_list_input_is_one_request_and_keeps_input_order():
     engine = RecordingEngine()
-    batcher = StaticBatcher(engine, batch_size=2, max_batch_delay_ms=60_000)
+    batcher = DynamicBatcher(engine, batch_size=2, max_batch_delay_ms=60_000)
     async with asyncio.timeout(5):
         listed, single = await asyncio.gather(
             texts(batcher, [req("a b", 2), req("c d e", 3), req("f", 1)]),
@@ -98,7 +98,7 @@ async def test_a_list_input_is_one_request_and_keeps_input_order():
 
 
 async def test_requests_in_one_batch_keep_their_own_parameters():
-    batcher = StaticBatcher(FakeEngine(), batch_size=2, max_batch_delay_ms=60_000)
+    batcher = DynamicBatcher(FakeEngine(), batch_size=2, max_batch_delay_ms=60_000)
     short, long = await asyncio.gather(
         texts(batcher, [req("a b c", 1)]), texts(batcher, [req("a b c", 5)])
     )
@@ -106,7 +106,7 @@ async def test_requests_in_one_batch_keep_their_own_parameters():
 
 
 async def test_a_failing_request_fails_only_itself():
-    batcher = StaticBatcher(FakeEngine(), batch_size=3, max_batch_delay_ms=60_000)
+    batcher = DynamicBatcher(FakeEngine(), batch_size=3, max_batch_delay_ms=60_000)
     results = await asyncio.gather(
         texts(batcher, [req("a b")]),
         texts(batcher, [req("x y [[raise:1]]")]),
@@ -119,7 +119,7 @@ async def test_a_failing_request_fails_only_itself():
 
 async def test_a_request_closed_while_queued_never_runs_nor_counts():
     engine = RecordingEngine()
-    batcher = StaticBatcher(engine, batch_size=2, max_batch_delay_ms=60_000)
+    batcher = DynamicBatcher(engine, batch_size=2, max_batch_delay_ms=60_000)
     gone = batcher.submit([req("gone")])
     assert batcher.stats()["waiting_requests"] == 1
     await gone.aclose()
@@ -133,7 +133,7 @@ async def test_a_request_closed_while_queued_never_runs_nor_counts():
 
 async def test_aborting_a_running_request_frees_the_batch_for_the_next():
     engine = FakeEngine(token_delay=0.01)
-    batcher = StaticBatcher(engine, batch_size=1, max_batch_delay_ms=0)
+    batcher = DynamicBatcher(engine, batch_size=1, max_batch_delay_ms=0)
     request = req("a b", max_new_tokens=100_000)
     stream = batcher.generate(request)
     await anext(stream)
@@ -147,7 +147,7 @@ async def test_aborting_a_running_request_frees_the_batch_for_the_next():
 async def test_the_torch_engine_runs_each_batch_together_and_alone(tmp_path):
     engine = TorchEngine(load_model(make_tiny_model_dir(tmp_path), dtype="fp32"))
     await engine.start()
-    batcher = StaticBatcher(engine, batch_size=4, max_batch_delay_ms=60_000)
+    batcher = DynamicBatcher(engine, batch_size=4, max_batch_delay_ms=60_000)
 
     async def running_per_step(i: int) -> set[int]:
         params = SamplingParams(max_new_tokens=8, ignore_eos=True)
@@ -178,9 +178,9 @@ async def test_the_torch_engine_runs_each_batch_together_and_alone(tmp_path):
     ],
 )
 def test_bad_bodies_are_refused_naming_the_field(body, message):
-    with pytest.raises(LmiError) as caught:
+    with pytest.raises(DynamicError) as caught:
         parse_dynamic_request(body)
-    assert caught.value.status == 424
+    assert LMI_HTTP[caught.value.kind] == 424
     assert caught.value.message.startswith(message)
 
 
@@ -196,10 +196,9 @@ def output(rid: str, text: str, finished: bool = False) -> RequestOutput:
 
 def test_stream_lines_hold_one_text_per_input_and_skip_silent_steps():
     lines = StreamLines(3)
-    assert lines.feed([(0, output("a", " x")), (2, output("c", " z"))]) == (
-        b'{"outputs":[" x",""," z"]}\n'
-    )
-    assert lines.feed([(1, output("b", ""))]) == b""
+    assert Framing.JSONLINES.frame(lines.feed([(0, output("a", " x")), (2, output("c", " z"))])
+                                   .data) == b'{"outputs":[" x",""," z"]}\n'
+    assert lines.feed([(1, output("b", ""))]) is None
     assert not lines.done
     lines.feed([(i, output(r, "", finished=True)) for i, r in enumerate("abc")])
     assert lines.done and lines.failure is None
@@ -208,13 +207,13 @@ def test_stream_lines_hold_one_text_per_input_and_skip_silent_steps():
 # --- the routes -----------------------------------------------------------------------------
 
 
-def settings(batch_size: int = 4, delay_ms: int = 50, streaming: bool = False) -> ServerSettings:
-    batching = DynamicBatching(batch_size, delay_ms, streaming)
-    return ServerSettings(model_name="fake-model", dynamic_batching=batching)
+def served(engine: FakeEngine, batch_size: int = 4, delay_ms: int = 50,
+           streaming: bool = False) -> Any:
+    return served_app(engine, dynamic=(batch_size, delay_ms, streaming))
 
 
 def client_for(engine: FakeEngine, **kwargs) -> httpx.AsyncClient:
-    app = create_app(engine, settings(**kwargs))
+    app = served(engine, **kwargs)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://lmi")
 
 
@@ -299,7 +298,7 @@ async def test_a_stream_failing_after_text_ends_with_the_failure_body():
 @pytest.fixture
 async def live(request) -> AsyncIterator[tuple[FakeEngine, str]]:
     engine = FakeEngine(token_delay=0.01)
-    app = create_app(engine, settings(batch_size=1, delay_ms=0, streaming=request.param))
+    app = served(engine, batch_size=1, delay_ms=0, streaming=request.param)
     config = uvicorn.Config(app, "127.0.0.1", 0, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from fastapi import APIRouter
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -14,7 +15,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from starlette.responses import Response
 
-from handlers.engine.base import Engine
+from handlers.server.context import ServerContext
 
 # stats() key -> (metric name, help, kind)
 _METRICS = {
@@ -27,12 +28,13 @@ _METRICS = {
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine: Engine, model_name: str) -> None:
-        self.engine = engine
-        self.model_name = model_name
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self.model_name = ctx.settings.model_name
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.engine.stats() if self.engine.is_ready() else {}
+        served = self.ctx.generator
+        stats = served.engine.stats() if served is not None and served.ready else {}
         for key, (name, doc, kind) in _METRICS.items():
             family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
             metric = family(name, doc, labels=["model"])
@@ -52,11 +54,13 @@ class EngineCollector(Collector):
         return metric
 
 
-def metrics_endpoint(engine: Engine, model_name: str):
+def router(ctx: ServerContext) -> APIRouter:
+    routes = APIRouter()
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(EngineCollector(engine, model_name))
+    registry.register(EngineCollector(ctx))
 
+    @routes.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
-    return metrics
+    return routes

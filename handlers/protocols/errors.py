@@ -1,0 +1,43 @@
+"""Errors in protocol-neutral kinds. A protocol's error class says what went wrong and renders
+its own body; which status a kind gets is the wire's business (handlers/server/status.py)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+
+class ErrorKind(Enum):
+    VALIDATION = "validation"  # the request is malformed, out of range, or too long
+    NOT_FOUND = "not_found"  # another model, another route's object
+    TOO_LARGE = "too_large"  # the body is over max_request_size
+    OVERLOADED = "overloaded"  # admission refused: the server holds job_queue_size requests
+    UNAVAILABLE = "unavailable"  # still loading, or shutting down (the request was aborted)
+    TIMEOUT = "timeout"  # the request ran past its deadline
+    FAILED = "failed"  # the engine failed the request
+    INTERNAL = "internal"  # a bug
+
+
+class ProtocolError(Exception):
+    """A request a protocol refuses or fails; subclasses render the protocol's error body."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.VALIDATION) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+
+    def payload(self, status: int) -> Any:
+        """The error body, as a plain object, for a wire status."""
+        raise NotImplementedError
+
+
+class GenerationError(Exception):
+    """Why a generation stopped short, as the generation driver reports it: the engine raised
+    (`crashed`), ended the request without finishing it, or the deadline passed (TIMEOUT)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.FAILED,
+                 crashed: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+        self.crashed = crashed

@@ -1,0 +1,101 @@
+"""What every protocol does with the engine's outputs: fold a request's `RequestOutput` deltas
+into whole sequences, tell whether it failed, and hand rendered stream events to the wire."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.engine.types import FinishReason, RequestOutput, SequenceOutput, Token
+from handlers.protocols.errors import ErrorKind
+
+FAILED = (FinishReason.ERROR, FinishReason.ABORT)
+UNFINISHED = "the engine ended the request without finishing it"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One object of a streamed answer; the wire frames it (a JSON line, an SSE event...).
+    `failure` marks the event that ends a failed stream, with why (SageMaker's event stream
+    answers it as a ModelStreamError)."""
+
+    data: Any
+    failure: str | None = None
+
+
+@dataclass
+class Failure:
+    reason: FinishReason | None  # None: the engine left the request unfinished
+    message: str
+
+    @property
+    def kind(self) -> ErrorKind:
+        """An abort is the server shutting down; anything else, the engine failing."""
+        return ErrorKind.UNAVAILABLE if self.reason is FinishReason.ABORT else ErrorKind.FAILED
+
+
+def _failure(reason: FinishReason | None, error: str | None) -> Failure | None:
+    if reason not in FAILED:
+        return None
+    aborted = reason is FinishReason.ABORT
+    return Failure(reason, error or ("request aborted" if aborted else "generation failed"))
+
+
+def output_failure(output: RequestOutput) -> Failure | None:
+    """Why the request failed, when one of its sequences in this output ended in an error or an
+    abort (one failed sequence fails the request, as in DJL)."""
+    return next((f for s in output.outputs if (f := _failure(s.finish_reason, s.error))), None)
+
+
+@dataclass
+class FoldedSequence:
+    index: int
+    tokens: list[Token] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    cumulative_logprob: float = 0.0
+    generated_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(t.text for t in self.tokens)
+
+    def add(self, seq: SequenceOutput) -> None:
+        self.tokens.extend(seq.tokens)
+        self.cumulative_logprob = seq.cumulative_logprob
+        self.generated_tokens = seq.generated_tokens
+        if seq.finish_reason is not None:
+            self.finish_reason, self.error = seq.finish_reason, seq.error
+
+
+@dataclass
+class Folded:
+    """A whole request: its sequences, prompt facts, and when each output arrived."""
+
+    sequences: dict[int, FoldedSequence] = field(default_factory=dict)
+    prompt_token_count: int = 0
+    prompt_logprobs: list[Token] | None = None
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() per output
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finished: bool = False
+
+    def add(self, output: RequestOutput, now: float = 0.0) -> None:
+        self.arrivals.append(now)
+        self.prompt_token_count = output.prompt_token_count
+        self.arrival_time = output.metrics.arrival_time
+        self.first_token_time = output.metrics.first_token_time
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
+        for seq in output.outputs:
+            self.sequences.setdefault(seq.index, FoldedSequence(seq.index)).add(seq)
+        self.finished = self.finished or output.finished
+
+    def failure(self) -> Failure | None:
+        """Why the request as a whole failed, if it did."""
+        for state in self.sequences.values():
+            if failure := _failure(state.finish_reason, state.error):
+                return failure
+        if not self.finished or not self.sequences:
+            return Failure(None, UNFINISHED)
+        return None

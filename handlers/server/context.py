@@ -1,0 +1,91 @@
+"""What every router serves from: the settings, the served models and their engines (each
+attached once loaded), and the admission limit they share."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from handlers.engine.base import Embedder, Engine
+from handlers.server.generation import Admission
+
+E = TypeVar("E", Engine, Embedder)
+
+OUTPUT_FORMATTERS = ("json", "jsonlines", "sse")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str  # the generation model's; an embeddings-only server's embedding model's
+    output_formatter: str = "jsonlines"  # how `stream: true` is answered: json | jsonlines | sse
+    tgi_compat: bool = False
+    max_request_size: int = 64 * 1024 * 1024  # bytes; DJL's default
+    full_text_enabled: bool = False  # MindIE's streamed chat with the whole text in each chunk
+    dynamic_batching: bool = False  # option.rolling_batch=disable: LMI's dynamic-batch schema
+    dynamic_streaming: bool = False  # option.enable_streaming: dynamic batches answer streams
+    predict_timeout: float | None = None  # seconds a request may take; None: no deadline
+    job_queue_size: int = 1000  # client requests held at once
+
+    def __post_init__(self) -> None:
+        if self.output_formatter not in OUTPUT_FORMATTERS:
+            raise ValueError(
+                f"option.output_formatter must be one of {', '.join(OUTPUT_FORMATTERS)}; "
+                f"got {self.output_formatter!r}"
+            )
+
+
+class Served(Generic[E]):
+    """A model the server serves: its name (known before loading, or from the loaded model)
+    and, once loaded, its engine."""
+
+    def __init__(self, name: str | None = None, engine: E | None = None) -> None:
+        self.name = name
+        self.engine = engine
+
+    def attach(self, engine: E) -> None:
+        self.name = self.name or engine.model_name
+        self.engine = engine
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.engine.health()
+
+    def unavailable(self) -> str:
+        """Why it cannot answer (while not `ready`)."""
+        return "still loading" if self.engine is None else "not running"
+
+
+class ServerContext:
+    """The generation model (None on an embeddings-only server) and the embedding model (None
+    when none is served)."""
+
+    def __init__(self, settings: ServerSettings, generator: Served[Engine] | None,
+                 embedder: Served[Embedder] | None = None) -> None:
+        self.settings = settings
+        self.generator = generator
+        self.embedder = embedder
+        self.admission = Admission(settings.job_queue_size)
+        self.created = int(time.time())
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
+
+    def model_names(self) -> list[str]:
+        """The names of the models served (an embedding model once it is loaded)."""
+        served = (self.generator, self.embedder)
+        return [model.name for model in served if model is not None and model.name is not None]
+
+    def ready(self) -> bool:
+        """Whether every served model can answer (what /ping reports)."""
+        return all(model.ready for model in (self.generator, self.embedder) if model is not None)
+
+    def embedding_model(self) -> str | None:
+        """The served embedding model's name, once loaded."""
+        return self.embedder.name if self.embedder is not None else None
+
+    async def shutdown(self) -> None:
+        """Stop the engines (the HTTP server has drained its requests)."""
+        if self.generator is not None and self.generator.engine is not None:
+            await self.generator.engine.shutdown()
+        if self.embedder is not None and self.embedder.engine is not None:
+            self.embedder.engine.stop()

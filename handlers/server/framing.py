@@ -1,0 +1,84 @@
+"""How answers go on the wire: a protocol's plain objects become JSON, JSON lines or
+server-sent events here, and nowhere else.
+
+A route's answer is a `Reply` (a status and one object) or a `StreamReply` (chunks of events, one
+chunk per engine step, and their framing). HTTP sends them as they are (handlers/server/http);
+SageMaker's event stream wraps each framed chunk in a PayloadPart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from handlers.protocols.errors import ErrorKind, ProtocolError
+from handlers.protocols.lmi import StreamStyle
+from handlers.protocols.outputs import Event
+from handlers.server.status import RETRY_AFTER_SECONDS, Table
+
+JSON_MEDIA_TYPE = "application/json"
+JSONLINES_MEDIA_TYPE = "application/jsonlines"
+SSE_MEDIA_TYPE = "text/event-stream"
+
+
+class Framing(Enum):
+    JSONLINES = "jsonlines"  # one JSON object per line
+    SSE = "sse"  # `data: {json}` events
+    OPENAI_SSE = "openai_sse"  # SSE ending with `data: [DONE]`
+
+    @property
+    def media_type(self) -> str:
+        return JSONLINES_MEDIA_TYPE if self is Framing.JSONLINES else SSE_MEDIA_TYPE
+
+    def frame(self, data: Any) -> bytes:
+        body = orjson.dumps(data)
+        return body + b"\n" if self is Framing.JSONLINES else b"data: " + body + b"\n\n"
+
+    @property
+    def trailer(self) -> bytes | None:
+        return b"data: [DONE]\n\n" if self is Framing.OPENAI_SSE else None
+
+
+@dataclass
+class Reply:
+    """A whole answer: its status and the object to send as JSON (None: no body)."""
+
+    status: int
+    content: Any
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def body(self) -> bytes:
+        return b"" if self.content is None else orjson.dumps(self.content)
+
+
+@dataclass
+class StreamReply:
+    """A streamed answer (status 200): chunks of events, framed on the way out. Closing
+    `chunks` ends what produces them (an unfinished generation is aborted)."""
+
+    chunks: AsyncIterator[list[Event]]
+    framing: Framing
+
+    def encode(self, events: list[Event]) -> bytes:
+        return b"".join(self.framing.frame(event.data) for event in events)
+
+
+Answer = Reply | StreamReply
+
+
+def error_reply(error: ProtocolError, table: Table[ErrorKind, int]) -> Reply:
+    """A protocol error in its protocol's shape, with the wire's status for its kind."""
+    status = table[error.kind]
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.kind is ErrorKind.OVERLOADED \
+        else {}
+    return Reply(status, error.payload(status), headers)
+
+
+# How LMI's stream styles go on the wire (TGI's is SSE with TGI's keys).
+LMI_FRAMING = {StreamStyle.JSONLINES: Framing.JSONLINES, StreamStyle.SSE: Framing.SSE,
+               StreamStyle.TGI: Framing.SSE}

@@ -1,0 +1,250 @@
+"""The one generation driver: every route, the DJL entry and the gRPC servicer submit, collect
+or stream through it.
+
+A `Generation` is one client request's engine requests in flight: admitted against
+`job_queue_size`, submitted together (as one job to an engine that runs groups, else merged from
+one stream per request), read as groups of `(index, output)` pairs, bounded by the request's
+deadline, and aborted when closed unfinished (a client that went away, a failure, a timeout).
+The engine raising, or ending a request without finishing it, is a `GenerationError`, once,
+here; each protocol says it in its own shape.
+
+Every close runs shielded: a client's disconnect cancels the task that would otherwise
+abandon an engine request half-done, holding its batch slot and cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TypeVar
+
+import anyio
+
+from handlers.engine.base import Engine, GroupEngine, Pair, SteppableEngine
+from handlers.engine.types import GenerationRequest
+from handlers.protocols.errors import ErrorKind, GenerationError
+from handlers.protocols.outputs import UNFINISHED
+
+T = TypeVar("T")
+Watch = Callable[[], Awaitable[None]]  # returns once the client has gone away
+
+
+class ClientGone(Exception):
+    """The client went away before its answer was ready; its requests were aborted."""
+
+
+class Admission:
+    """`job_queue_size`: how many client requests the server holds at once, queued or running;
+    one more is refused at once (never queued without bound)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def acquire(self) -> None:
+        if self.held >= self.limit:
+            raise GenerationError(
+                f"the server is at its limit of {self.limit} requests (job_queue_size); "
+                "retry later", ErrorKind.OVERLOADED)
+        self.held += 1
+
+    def release(self) -> None:
+        self.held -= 1
+
+
+class Generation:
+    """One client request's engine requests, from submission to their last output."""
+
+    def __init__(self, engine: Engine, requests: list[GenerationRequest],
+                 admission: Admission | None = None, timeout: float | None = None) -> None:
+        if admission is not None:
+            admission.acquire()
+        self._admission = admission
+        self._engine = engine
+        self._requests = requests
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._timeout = timeout
+        self._open = set(range(len(requests)))  # requests not finished yet
+        if isinstance(engine, GroupEngine):
+            self._source = engine.submit(requests)
+        else:
+            self._source = _merged(engine, requests)
+        self._closed = False
+
+    async def next(self) -> list[Pair] | None:
+        """The outputs that arrived together; None once every request finished."""
+        if not self._open:
+            await self.aclose()
+            return None
+        try:
+            with anyio.fail_after(self._remaining()):
+                pairs = await anext(self._source, None)
+        except TimeoutError:
+            await self.aclose()
+            raise GenerationError(f"the request ran past its deadline of {self._timeout:g} s "
+                                  "(option.predict_timeout)", ErrorKind.TIMEOUT) from None
+        except GenerationError:
+            await self.aclose()
+            raise
+        except Exception as exc:
+            await self.aclose()
+            raise GenerationError(str(exc) or type(exc).__name__, crashed=True) from exc
+        if pairs is None:
+            await self.aclose()
+            raise GenerationError(UNFINISHED)
+        self._open -= {index for index, output in pairs if output.finished}
+        return pairs
+
+    async def __aiter__(self) -> AsyncIterator[list[Pair]]:
+        try:
+            while (pairs := await self.next()) is not None:
+                yield pairs
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Abort what is still running and give the admission back (idempotent). Each
+        unfinished request is aborted by its id as well: an engine's own clean-up may not get
+        to run inside a cancelled task."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._source.aclose()
+            for index in sorted(self._open):
+                await self._engine.abort(self._requests[index].request_id)
+        if self._admission is not None:
+            self._admission.release()
+
+    def _remaining(self) -> float | None:
+        return None if self._deadline is None else max(self._deadline - time.monotonic(), 0)
+
+
+async def _merged(engine: Engine, requests: list[GenerationRequest]
+                  ) -> AsyncIterator[list[Pair]]:
+    """The requests' output streams interleaved as their outputs arrive; closing it closes
+    every stream (the engine aborts the unfinished requests)."""
+    streams = [engine.generate(request) for request in requests]
+    if len(streams) == 1:
+        try:
+            async for output in streams[0]:
+                yield [(0, output)]
+        finally:
+            with anyio.CancelScope(shield=True):
+                await streams[0].aclose()
+        return
+    queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: AsyncIterator) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((index, output))
+            queue.put_nowait((index, done))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(pumps)
+        while running:
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            pairs = []
+            for index, item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                if item is done:
+                    running -= 1
+                else:
+                    pairs.append((index, item))
+            if pairs:
+                yield pairs
+    finally:
+        for task in pumps:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+
+async def until_gone(watch: Watch | None, work: Callable[[], Awaitable[T]]) -> T:
+    """Await `work()`, cancelling it (ClientGone) if `watch` returns first."""
+    if watch is None:
+        return await work()
+    gone = False
+    result: T
+    failure: Exception | None = None
+
+    async def watcher(scope: anyio.CancelScope) -> None:
+        nonlocal gone
+        await watch()
+        gone = True
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watcher, tg.cancel_scope)
+        try:
+            result = await work()
+        except Exception as exc:  # re-raised below as itself, not inside an ExceptionGroup
+            failure = exc
+        tg.cancel_scope.cancel()
+    if gone:
+        raise ClientGone
+    if failure is not None:
+        raise failure
+    return result
+
+
+async def collect(generation: Generation, fold: Callable[[list[Pair]], None],
+                  watch: Watch | None = None) -> None:
+    """Read the whole generation into `fold`; ClientGone or GenerationError when it stops
+    short (its requests are aborted either way)."""
+    async def work() -> None:
+        async for pairs in generation:
+            fold(pairs)
+
+    try:
+        await until_gone(watch, work)
+    finally:
+        await generation.aclose()
+
+
+async def first(generation: Generation, accept: Callable[[list[Pair]], T | None],
+                watch: Watch | None = None) -> T | None:
+    """Read until `accept` returns something (what a stream's first chunk needs), so that a
+    failure before it still gets an error status; None if the generation ended first. The
+    generation stays open for the rest; it is closed if this raises."""
+    async def work() -> T | None:
+        while (pairs := await generation.next()) is not None:
+            if (accepted := accept(pairs)) is not None:
+                return accepted
+        return None
+
+    try:
+        return await until_gone(watch, work)
+    except BaseException:
+        await generation.aclose()
+        raise
+
+
+def stepped(engine: SteppableEngine, requests: list[GenerationRequest]) -> Iterator[list[Pair]]:
+    """The synchronous driver, for a caller that steps the engine itself (the DJL entry):
+    queue validated requests and yield each step's outputs until all of them finished.
+    Closing early, or an error in a step, cancels what still runs."""
+    position = {request.request_id: i for i, request in enumerate(requests)}
+    running = set(position)
+    for request in requests:
+        engine.add(request)
+    try:
+        while running:
+            if not engine.has_work:
+                raise GenerationError(UNFINISHED)
+            pairs = [(position[out.request_id], out) for out in engine.step()
+                     if out.request_id in position]
+            running -= {requests[i].request_id for i, out in pairs if out.finished}
+            yield pairs
+    finally:
+        for request_id in running:
+            engine.cancel(request_id)

@@ -1,0 +1,1 @@
+"""The HTTP wire: one router module per protocol, over the server context."""

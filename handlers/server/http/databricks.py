@@ -1,0 +1,45 @@
+"""Databricks' serving endpoints: `POST /serving-endpoints/{model}/invocations` answers chat,
+completions or embeddings, whichever the body asks for and the endpoint's model does, in
+OpenAI's shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from handlers.protocols.databricks import check_endpoint_task, task_key
+from handlers.protocols.openai import model_not_found
+from handlers.server.context import ServerContext
+from handlers.server.framing import Answer, error_reply
+from handlers.server.http.guard import guarded
+from handlers.server.http.invocations import BODY_ROUTES
+from handlers.server.http.openai import OPENAI, read_openai
+from handlers.server.http.responses import to_response
+
+_HANDLERS = dict(BODY_ROUTES)
+
+
+def router(ctx: ServerContext) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.post("/serving-endpoints/{model}/invocations")
+    async def databricks(model: str, request: Request) -> Response:
+        served = ctx.model_names()
+        if model not in served:
+            error = model_not_found(model, ", ".join(served))
+            return to_response(error_reply(error, OPENAI.table))
+
+        async def endpoint(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
+            async def task() -> Answer:
+                key = task_key(body)
+                check_endpoint_task(model, key, ctx.embedding_model())
+                return await _HANDLERS[key](ctx, request, body, rid)
+
+            return await guarded(OPENAI, rid, task)
+
+        return to_response(await read_openai(ctx, request, endpoint))
+
+    return routes

@@ -1,0 +1,65 @@
+"""Every HTTP route's answer to what stops it: a protocol's refusal, a client that went away,
+a generation the driver stopped, a bug. Each protocol says how it answers (`HttpProtocol`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
+from handlers.server.framing import Answer, Reply, error_reply
+from handlers.server.generation import ClientGone
+from handlers.server.http.body import BodyError, read_json, request_id
+from handlers.server.http.responses import GONE
+from handlers.server.status import Table
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HttpProtocol:
+    """How one protocol answers over HTTP: its status table and its error objects."""
+
+    name: str
+    table: Table[ErrorKind, int]
+    refusal: Callable[[str, ErrorKind], ProtocolError]  # an error of the protocol's own shape
+    failure: Callable[[GenerationError], ProtocolError]  # a generation the driver stopped
+
+    def error(self, message: str, kind: ErrorKind) -> Reply:
+        return error_reply(self.refusal(message, kind), self.table)
+
+
+async def read_then(protocol: HttpProtocol, request: Request, limit: int,
+                    answer: Callable[[Any, str], Awaitable[Answer]]) -> Answer:
+    """Read the JSON body (at most `limit` bytes), then answer it with its request id; a body
+    that cannot be read is refused in the protocol's shape."""
+    rid = request_id(request)
+    try:
+        body = await read_json(request, limit)
+    except BodyError as exc:
+        log.info("[RequestId=%s] bad body: %s", rid, exc.message)
+        return protocol.error(exc.message, exc.kind)
+    return await answer(body, rid)
+
+
+async def guarded(protocol: HttpProtocol, rid: str, work: Callable[[], Awaitable[Answer]]
+                  ) -> Answer:
+    try:
+        return await work()
+    except ProtocolError as exc:
+        log.info("[RequestId=%s] %s request refused: %s", rid, protocol.name, exc.message)
+        return error_reply(exc, protocol.table)
+    except ClientGone:
+        log.info("[RequestId=%s] client disconnected; request aborted", rid)
+        return Reply(GONE, None)
+    except GenerationError as exc:
+        log.warning("[RequestId=%s] generation failed: %s", rid, exc.message,
+                    exc_info=exc.__cause__ if exc.crashed else None)
+        return error_reply(protocol.failure(exc), protocol.table)
+    except Exception:
+        log.exception("[RequestId=%s] unexpected error", rid)
+        return protocol.error("internal server error", ErrorKind.INTERNAL)

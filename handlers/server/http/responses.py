@@ -1,0 +1,73 @@
+"""Answers as HTTP responses, and client disconnects.
+
+Starlette cancels a streaming response's task when the client disconnects (ASGI spec < 2.4) or
+abandons the body iterator when `send` fails (2.4); neither closes the iterator. So streamed
+bodies are closed here, however the response ends, shielded from that cancellation: an `await`
+inside a cancelled anyio scope would otherwise be cancelled again before it ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from handlers.server.framing import JSON_MEDIA_TYPE, Answer, Reply, StreamReply
+from handlers.server.generation import Watch
+
+GONE = 499  # a client that went away; never seen by it (nginx's "client closed request")
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always closes its body iterator, however the response ends."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await close()
+
+
+def to_response(answer: Answer) -> Response:
+    if isinstance(answer, StreamReply):
+        return ClosingStreamingResponse(_stream_body(answer),
+                                        media_type=answer.framing.media_type)
+    return json_response(answer)
+
+
+def json_response(reply: Reply) -> Response:
+    return Response(reply.body, reply.status, reply.headers, media_type=JSON_MEDIA_TYPE)
+
+
+async def _stream_body(reply: StreamReply) -> AsyncIterator[bytes]:
+    try:
+        async for events in reply.chunks:
+            if data := reply.encode(events):
+                yield data
+        if reply.framing.trailer is not None:
+            yield reply.framing.trailer
+    finally:
+        with anyio.CancelScope(shield=True):
+            await reply.chunks.aclose()
+
+
+def content_type(media_type: str) -> str:
+    """The Content-Type header Starlette sends for a media type (text/* is UTF-8)."""
+    return f"{media_type}; charset=utf-8" if media_type.startswith("text/") else media_type
+
+
+def disconnect_watch(request: Request) -> Watch:
+    """What returns once the client disconnected; use it only after the body was read (it
+    consumes the ASGI receive channel)."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return watch

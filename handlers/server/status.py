@@ -1,0 +1,33 @@
+"""Which status each error kind gets on the wire: one table per wire.
+
+HTTP answers OpenAI, embeddings, Databricks and the SageMaker routes with `HTTP`; LMI answers
+with its own (`LMI_HTTP`: DJL Serving answers failed validation and failed inference with 424),
+which DJL's front end also sends for the records of the DJL entry.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from handlers.protocols.errors import ErrorKind, ProtocolError
+
+Table = MappingProxyType
+
+HTTP: Table[ErrorKind, int] = MappingProxyType({
+    ErrorKind.VALIDATION: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.TIMEOUT: 408,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.FAILED: 500,
+    ErrorKind.INTERNAL: 500,
+    ErrorKind.OVERLOADED: 503,
+    ErrorKind.UNAVAILABLE: 503,
+})
+LMI_HTTP: Table[ErrorKind, int] = MappingProxyType(
+    {**HTTP, ErrorKind.VALIDATION: 424, ErrorKind.FAILED: 424})
+
+RETRY_AFTER_SECONDS = 1  # what an overloaded server tells its clients to wait
+
+
+def status(error: ProtocolError, table: Table[ErrorKind, int]) -> int:
+    return table[error.kind]
