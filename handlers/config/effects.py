@@ -17,8 +17,7 @@ OWN_ENTRY_POINT = "handlers.djl"
 
 # Settings that shape the LLM's answers, meaningless on a server that serves embeddings only.
 _GENERATION_ONLY = ("rolling_batch", "output_formatter", "tgi_compat", "enable_streaming",
-                    "full_text_enabled", "chat_template", "batch_size", "max_batch_delay",
-                    "embedding_model_id")
+                    "full_text_enabled", "chat_template", "batch_size", "max_batch_delay")
 _ROLLING_ONLY = ("output_formatter", "tgi_compat")
 _DYNAMIC_ONLY = ("max_batch_delay", "enable_streaming")
 
@@ -32,6 +31,8 @@ def check_effects(config: Config) -> None:
         _refuse(config, BY_FIELD["entry_point"], "lmi-serve answers with its own handlers; a "
                 f"custom entry point runs inside DJL Serving (use {OWN_ENTRY_POINT} there)")
     if config.embeddings_only:
+        _refuse_if_set(config, "embedding_model_id", "it names an LLM server's companion "
+                       "embedding model; option.task=text-embedding serves option.model_id's")
         reason = "it shapes text generation, and option.task=text-embedding serves no LLM"
         for field in _GENERATION_ONLY:
             _refuse_if_set(config, field, reason)

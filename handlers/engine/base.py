@@ -8,6 +8,7 @@ composition root learns it from the registry (`EngineBuild.main_loop`).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from handlers.engine.types import EmbeddingResult, GenerationRequest, RequestOutput
@@ -127,11 +128,10 @@ class Embedder(Protocol):
     def stop(self) -> None: ...
 
 
+@dataclass(frozen=True)
 class EngineBuild:
     """What the registry built: the engine protocols talk to, and how its loop wants to run."""
 
-    def __init__(self, engine: Engine, main_loop: MainThreadLoop | None = None,
-                 steppable: SteppableEngine | None = None) -> None:
-        self.engine = engine
-        self.main_loop = main_loop  # run it in the process's main thread instead of `start()`
-        self.steppable = steppable  # the same engine, stepped by the caller (the DJL entry)
+    engine: Engine
+    main_loop: MainThreadLoop | None = None  # run it in the main thread instead of `start()`
+    steppable: SteppableEngine | None = None  # the same engine, stepped by the caller (DJL)

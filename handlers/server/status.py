@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from handlers.protocols.errors import ErrorKind, ProtocolError
+from handlers.protocols.errors import ErrorKind
 
 Table = MappingProxyType
 
@@ -27,7 +27,3 @@ LMI_HTTP: Table[ErrorKind, int] = MappingProxyType(
     {**HTTP, ErrorKind.VALIDATION: 424, ErrorKind.FAILED: 424})
 
 RETRY_AFTER_SECONDS = 1  # what an overloaded server tells its clients to wait
-
-
-def status(error: ProtocolError, table: Table[ErrorKind, int]) -> int:
-    return table[error.kind]
