@@ -9,6 +9,7 @@ engine: ~1.4x) runs it there; the HTTP server (uvicorn) runs in a background thr
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import signal
 import sys
@@ -58,6 +59,7 @@ def server_settings(config: Config) -> ServerSettings:
         dynamic_streaming=config.enable_streaming,
         predict_timeout=config.predict_timeout,
         job_queue_size=config.job_queue_size,
+        server_version=importlib.metadata.version("lmi-serve"),
     )
 
 

@@ -8,11 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import uvicorn
 
 
 def free_port() -> int:
@@ -57,3 +59,19 @@ def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> None:
                 return
         time.sleep(0.2)
     raise TimeoutError(f"the server at {url} was not ready within {timeout} s")
+
+
+@contextlib.contextmanager
+def serving(app: object) -> Iterator[str]:
+    """Serve an ASGI app (e.g. over the FakeEngine) with uvicorn in a thread; yield its URL."""
+    server = uvicorn.Server(uvicorn.Config(app, "127.0.0.1", 0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        thread.join(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)

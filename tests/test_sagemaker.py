@@ -4,18 +4,17 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 
 import boto3
 import httpx
 import orjson
 import pytest
-import uvicorn
 from botocore.config import Config
 from botocore.eventstream import EventStreamBuffer
 from botocore.exceptions import ClientError, EventStreamError
 from fakes import FakeEngine, served_app
+from server_process import serving
 
 from handlers.protocols.sagemaker_eventstream import encode_frame, model_stream_error, payload_part
 
@@ -65,20 +64,8 @@ def test_non_ascii_headers_and_large_payload_round_trip():
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    yield from serve(served_app(FakeEngine()))
-
-
-def serve(app) -> Iterator[str]:
-    config = uvicorn.Config(app, "127.0.0.1", 0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        thread.join(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(5)
+    with serving(served_app(FakeEngine())) as served_url:
+        yield served_url
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +157,7 @@ def test_inference_id_is_the_request_id_in_logs(runtime, caplog):
 
 def test_dynamic_batch_stream_failure_is_a_model_stream_error():
     app = served_app(FakeEngine(), dynamic=(2, 10, True))  # batch_size, delay ms, streaming
-    for url in serve(app):
+    with serving(app) as url:
         client = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
                               aws_access_key_id="x", aws_secret_access_key="x")
         body = {"inputs": ["a b [[raise:2]]"], "parameters": {"max_new_tokens": 4}}

@@ -10,6 +10,7 @@ from typing import Any
 class ErrorKind(Enum):
     VALIDATION = "validation"  # the request is malformed, out of range, or too long
     NOT_FOUND = "not_found"  # another model, another route's object
+    UNSUPPORTED = "unsupported"  # a part of the protocol this server does not implement
     TOO_LARGE = "too_large"  # the body is over max_request_size
     OVERLOADED = "overloaded"  # admission refused: the server holds job_queue_size requests
     UNAVAILABLE = "unavailable"  # still loading, or shutting down (the request was aborted)

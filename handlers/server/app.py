@@ -15,13 +15,15 @@ from handlers.server.http import (
     embeddings,
     health,
     invocations,
+    kserve,
     metrics,
     models,
     openai,
     sagemaker,
 )
 
-ROUTERS = (health, invocations, sagemaker, models, openai, embeddings, databricks, metrics)
+ROUTERS = (health, invocations, sagemaker, models, openai, embeddings, databricks, kserve,
+           metrics)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from handlers.engine.base import Embedder, Engine
+from handlers.protocols.errors import ErrorKind, ProtocolError
 from handlers.server.generation import Admission
 
 E = TypeVar("E", Engine, Embedder)
@@ -26,6 +28,7 @@ class ServerSettings:
     dynamic_batching: bool = False  # option.rolling_batch=disable: LMI's dynamic-batch schema
     dynamic_streaming: bool = False  # option.enable_streaming: dynamic batches answer streams
     predict_timeout: float | None = None  # seconds a request may take; None: no deadline
+    server_version: str = "0"  # what the server's metadata reports
     job_queue_size: int = 1000  # client requests held at once
 
     def __post_init__(self) -> None:
@@ -55,6 +58,12 @@ class Served(Generic[E]):
     def unavailable(self) -> str:
         """Why it cannot answer (while not `ready`)."""
         return "still loading" if self.engine is None else "not running"
+
+    def ready_engine(self, refuse: Callable[[str, ErrorKind], ProtocolError]) -> E:
+        """The engine, or the protocol's refusal saying why it cannot answer."""
+        if not self.ready:
+            raise refuse(f"the model is {self.unavailable()}", ErrorKind.UNAVAILABLE)
+        return self.engine
 
 
 class ServerContext:

@@ -45,15 +45,17 @@ class Framing(Enum):
 
 @dataclass
 class Reply:
-    """A whole answer: its status and the object to send as JSON (None: no body)."""
+    """A whole answer: its status and the object to send as JSON (None: no body), then `tail`,
+    raw bytes after the JSON (KServe's binary tensor data)."""
 
     status: int
     content: Any
     headers: Mapping[str, str] = field(default_factory=dict)
+    tail: bytes = b""
 
     @property
     def body(self) -> bytes:
-        return b"" if self.content is None else orjson.dumps(self.content)
+        return (b"" if self.content is None else orjson.dumps(self.content)) + self.tail
 
 
 @dataclass

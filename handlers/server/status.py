@@ -20,6 +20,7 @@ HTTP: Table[ErrorKind, int] = MappingProxyType({
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.FAILED: 500,
     ErrorKind.INTERNAL: 500,
+    ErrorKind.UNSUPPORTED: 501,
     ErrorKind.OVERLOADED: 503,
     ErrorKind.UNAVAILABLE: 503,
 })

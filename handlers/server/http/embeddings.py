@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from handlers.engine.base import Embedder
 from handlers.engine.types import RequestValidationError
 from handlers.protocols.errors import ErrorKind
 from handlers.protocols.openai import OpenAIError, model_not_found
@@ -40,7 +41,7 @@ async def embeddings_body(ctx: ServerContext, request: Request, body: Any, rid: 
         if not served.ready:
             raise OpenAIError(f"the embedding model is {served.unavailable()}", "model",
                               ErrorKind.UNAVAILABLE)
-        engine = served.engine
+        engine: Embedder = served.engine
         parsed = parse_embedding_request(body, engine.dimension)
         if parsed.model is not None and parsed.model != engine.model_name:
             raise model_not_found(parsed.model, engine.model_name)

@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from handlers.engine.base import Engine, Pair
 from handlers.engine.types import GenerationRequest, RequestValidationError
-from handlers.protocols.errors import ErrorKind, GenerationError
+from handlers.protocols.errors import GenerationError
 from handlers.protocols.lmi import (
     LmiError,
     RenderOptions,
@@ -58,8 +58,7 @@ async def lmi_body(ctx: ServerContext, request: Request, body: Any, rid: str) ->
             raise LmiError(f"inputs: '{ctx.settings.model_name}' is an embedding model: this "
                            "server generates no text (option.task=text-embedding); send "
                            "{\"input\": ...} or use /v1/embeddings")
-        if not ctx.generator.ready:
-            raise LmiError(f"the model is {ctx.generator.unavailable()}", ErrorKind.UNAVAILABLE)
+        ctx.generator.ready_engine(LmiError)
         if ctx.settings.dynamic_batching:
             return await guarded(DYNAMIC, rid, lambda: _dynamic(ctx, request, body, rid))
         return await _rolling(ctx, request, body, rid)

@@ -73,10 +73,7 @@ def _engine(ctx: ServerContext) -> Engine:
     """The generation engine, or the reason it cannot answer."""
     if ctx.generator is None:
         raise not_a_text_model(ctx.settings.model_name)
-    if not ctx.generator.ready:
-        raise OpenAIError(f"the model is {ctx.generator.unavailable()}",
-                          kind=ErrorKind.UNAVAILABLE)
-    return ctx.generator.engine
+    return ctx.generator.ready_engine(OPENAI.refusal)
 
 
 async def chat_body(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:

@@ -41,8 +41,15 @@ def to_response(answer: Answer) -> Response:
     return json_response(answer)
 
 
+BINARY_HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary tensor data extension
+
+
 def json_response(reply: Reply) -> Response:
-    return Response(reply.body, reply.status, reply.headers, media_type=JSON_MEDIA_TYPE)
+    """The reply's JSON; with a binary tail, the JSON's length goes in Triton's header."""
+    if not reply.tail:
+        return Response(reply.body, reply.status, reply.headers, media_type=JSON_MEDIA_TYPE)
+    headers = {**reply.headers, BINARY_HEADER_LENGTH: str(len(reply.body) - len(reply.tail))}
+    return Response(reply.body, reply.status, headers, media_type="application/octet-stream")
 
 
 async def _stream_body(reply: StreamReply) -> AsyncIterator[bytes]:

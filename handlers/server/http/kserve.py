@@ -1,0 +1,237 @@
+"""KServe over HTTP: V1 (`/v1/models/{m}`, `:predict`, `:explain`) and the V2 Open Inference
+Protocol (`/v2`, health, model metadata and readiness, `/infer`, versioned routes), with Triton's
+binary tensor data extension (`Inference-Header-Content-Length`) that `tritonclient.http` uses
+by default. `GET /v1/models` is the merged list (models.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from handlers.engine.base import Engine
+from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.protocols import kserve_v1, kserve_v2
+from handlers.protocols.errors import ErrorKind, ProtocolError
+from handlers.protocols.kserve_v1 import KServeV1Error
+from handlers.protocols.kserve_v2 import KServeError
+from handlers.protocols.outputs import Folded
+from handlers.server.context import ServerContext
+from handlers.server.framing import Answer, Reply
+from handlers.server.generation import Generation, collect
+from handlers.server.http.body import BodyError, read_body, request_id
+from handlers.server.http.guard import HttpProtocol, guarded, read_then
+from handlers.server.http.responses import BINARY_HEADER_LENGTH, disconnect_watch, to_response
+from handlers.server.status import HTTP
+
+log = logging.getLogger(__name__)
+
+V1 = HttpProtocol("KServe V1", HTTP, KServeV1Error, KServeV1Error.of)
+V2 = HttpProtocol("KServe V2", HTTP, KServeError, KServeError.of)
+Refuse = Callable[[str, ErrorKind], ProtocolError]
+
+
+def router(ctx: ServerContext) -> APIRouter:
+    routes = APIRouter()
+    _v1_routes(routes, ctx)
+    _v2_routes(routes, ctx)
+    return routes
+
+
+# --- V1 -----------------------------------------------------------------------------------------
+
+
+def _v1_routes(routes: APIRouter, ctx: ServerContext) -> None:
+    @routes.get("/v1/models/{model}")
+    async def model_ready(model: str) -> Response:
+        served = _served(ctx, model)
+        if served is None:
+            return to_response(V1.error(kserve_v1.model_not_found(model).message,
+                                        ErrorKind.NOT_FOUND))
+        return to_response(Reply(200 if served.ready else 503,
+                                 {"name": model, "ready": served.ready}))
+
+    @routes.post("/v1/models/{model}:predict")
+    async def predict(model: str, request: Request) -> Response:
+        return to_response(await read_then(V1, request, ctx.settings.max_request_size,
+                                           lambda body, rid: _predict(ctx, request, model, body,
+                                                                      rid)))
+
+    @routes.post("/v1/models/{model}:explain")
+    async def explain(model: str) -> Response:
+        if _served(ctx, model) is None:
+            return to_response(V1.error(kserve_v1.model_not_found(model).message,
+                                        ErrorKind.NOT_FOUND))
+        return to_response(V1.error("explain is not supported: a language model has no "
+                                    "explainer here; use :predict", ErrorKind.UNSUPPORTED))
+
+
+def _served(ctx: ServerContext, model: str) -> Any:
+    return next((served for served in (ctx.generator, ctx.embedder)
+                 if served is not None and served.name == model), None)
+
+
+async def _predict(ctx: ServerContext, request: Request, model: str, body: Any,
+                   rid: str) -> Answer:
+    async def answer() -> Answer:
+        served = _served(ctx, model)
+        if served is None:
+            raise kserve_v1.model_not_found(model)
+        engine = served.ready_engine(KServeV1Error)
+        if served is ctx.embedder:
+            try:
+                result = await engine.embed(kserve_v1.texts(body))
+            except RequestValidationError as exc:
+                raise KServeV1Error(exc.message) from None
+            return Reply(200, kserve_v1.render_predictions(result.vectors))
+        pairs = kserve_v1.generation_requests(body)
+        gens = [gen for gen, _ in pairs]
+        _validate(engine, gens, lambda i: f"instances[{i}]", KServeV1Error)
+        folded = await _complete(ctx, request, engine, gens, None, KServeV1Error)
+        texts = [(gen.prompt if full else "") + acc.sequences[0].text
+                 for (gen, full), acc in zip(pairs, folded, strict=True)]
+        return Reply(200, kserve_v1.render_predictions(texts))
+
+    return await guarded(V1, rid, answer)
+
+
+# --- V2 -----------------------------------------------------------------------------------------
+
+
+def _v2_routes(routes: APIRouter, ctx: ServerContext) -> None:
+    @routes.get("/v2")
+    async def server_metadata() -> Response:
+        return to_response(Reply(200, {"name": "lmi-serve", "version":
+                                       ctx.settings.server_version,
+                                       "extensions": kserve_v2.EXTENSIONS}))
+
+    @routes.get("/v2/health/live")
+    async def live() -> Response:
+        return to_response(Reply(200, {"live": True}))
+
+    @routes.get("/v2/health/ready")
+    async def ready() -> Response:
+        is_ready = ctx.ready()
+        return to_response(Reply(200 if is_ready else 503, {"ready": is_ready}))
+
+    for versioned in ("", "/versions/{version}"):
+        prefix = "/v2/models/{model}" + versioned
+        routes.add_api_route(prefix, _model_metadata(ctx), methods=["GET"])
+        routes.add_api_route(prefix + "/ready", _model_ready(ctx), methods=["GET"])
+        routes.add_api_route(prefix + "/infer", _infer_route(ctx), methods=["POST"])
+
+
+def _generator(ctx: ServerContext, model: str, version: str | None) -> Any:
+    """The served generation model `model` names, or a 404."""
+    if ctx.generator is None or ctx.generator.name != model:
+        names = [ctx.generator.name] if ctx.generator is not None else []
+        raise KServeError(f"model '{model}' is not served here (models: "
+                          f"{', '.join(names) or 'none'})", ErrorKind.NOT_FOUND)
+    kserve_v2.check_version(model, version)
+    return ctx.generator
+
+
+def _model_metadata(ctx: ServerContext) -> Callable[..., Any]:
+    async def model_metadata(model: str, version: str | None = None) -> Response:
+        async def answer() -> Answer:
+            _generator(ctx, model, version)
+            return Reply(200, kserve_v2.model_metadata(model))
+
+        return to_response(await guarded(V2, "-", answer))
+
+    return model_metadata
+
+
+def _model_ready(ctx: ServerContext) -> Callable[..., Any]:
+    async def model_ready(model: str, version: str | None = None) -> Response:
+        async def answer() -> Answer:
+            served = _generator(ctx, model, version)
+            return Reply(200 if served.ready else 503, {"name": model, "ready": served.ready})
+
+        return to_response(await guarded(V2, "-", answer))
+
+    return model_ready
+
+
+def _infer_route(ctx: ServerContext) -> Callable[..., Any]:
+    async def infer(model: str, request: Request, version: str | None = None) -> Response:
+        return to_response(await _infer(ctx, request, model, version))
+
+    return infer
+
+
+async def _infer(ctx: ServerContext, request: Request, model: str, version: str | None
+                 ) -> Answer:
+    rid = request_id(request)
+
+    async def answer() -> Answer:
+        engine = _generator(ctx, model, version).ready_engine(KServeError)
+        header, binary = await _read_infer_body(request, ctx.settings.max_request_size)
+        infer = kserve_v2.parse_rest_request(header, binary)
+        gens, params = kserve_v2.generation_requests(infer)
+        _validate(engine, gens, lambda i: f"{kserve_v2.TEXT_INPUT}[{i}]", KServeError)
+        folded = await _complete(ctx, request, engine, gens, kserve_v2.timeout_seconds(infer),
+                                 KServeError)
+        texts = [(gen.prompt if params.return_full_text else "") + acc.sequences[0].text
+                 for gen, acc in zip(gens, folded, strict=True)]
+        content, tail = kserve_v2.render_response(model, infer, texts)
+        return Reply(200, content, tail=tail)
+
+    return await guarded(V2, rid, answer)
+
+
+async def _read_infer_body(request: Request, limit: int) -> tuple[Any, bytes]:
+    """The JSON header and the binary data after it (Triton's binary tensor data extension)."""
+    try:
+        raw = await read_body(request, limit)
+    except BodyError as exc:
+        raise KServeError(exc.message, exc.kind) from None
+    declared = request.headers.get(BINARY_HEADER_LENGTH)
+    size = len(raw)
+    if declared is not None:
+        if not declared.isdigit() or int(declared) > len(raw):
+            raise KServeError(f"{BINARY_HEADER_LENGTH}: {declared!r} is not a length within "
+                              f"the {len(raw)}-byte body")
+        size = int(declared)
+    try:
+        return orjson.loads(raw[:size]), raw[size:]
+    except orjson.JSONDecodeError as exc:
+        raise KServeError(f"the request's JSON is not valid: {exc}") from None
+
+
+# --- generation shared by V1 and V2 -------------------------------------------------------------
+
+
+def _validate(engine: Engine, gens: list[GenerationRequest], where: Callable[[int], str],
+              refuse: Refuse) -> None:
+    for i, gen in enumerate(gens):
+        try:
+            engine.validate(gen)
+        except RequestValidationError as exc:
+            field = where(i) if exc.field == "inputs" else f"parameters.{exc.field}"
+            raise refuse(f"{field}: {exc.message}", ErrorKind.VALIDATION) from None
+
+
+async def _complete(ctx: ServerContext, request: Request, engine: Engine,
+                    gens: list[GenerationRequest], timeout: float | None, refuse: Refuse
+                    ) -> list[Folded]:
+    """Run the requests to their end; the protocol's error when one failed."""
+    deadlines = [t for t in (ctx.settings.predict_timeout, timeout) if t is not None]
+    generation = Generation(engine, gens, ctx.admission, min(deadlines, default=None))
+    folded = [Folded() for _ in gens]
+
+    def fold(pairs: list[tuple[int, Any]]) -> None:
+        for i, output in pairs:
+            folded[i].add(output)
+
+    await collect(generation, fold, disconnect_watch(request))
+    for acc in folded:
+        if (failure := acc.failure()) is not None:
+            raise refuse(failure.message, failure.kind)
+    return folded
