@@ -60,6 +60,8 @@ def server_settings(config: Config) -> ServerSettings:
         predict_timeout=config.predict_timeout,
         job_queue_size=config.job_queue_size,
         server_version=importlib.metadata.version("lmi-serve"),
+        grpc_host=config.host,
+        grpc_port=config.grpc_port,
     )
 
 
@@ -81,13 +83,11 @@ def serve(config: Config) -> int:
                  signal.Signals(signum).name)
         stopping.set()
         server.should_exit = True
+        ctx.drain()  # gRPC stops taking requests as HTTP does
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     http.start()
-    if config.grpc_port:
-        log.info("no gRPC server runs on --grpc-port=%d: KServe V2 over gRPC is not in this "
-                 "build yet; every protocol is served over HTTP", config.grpc_port)
     loaded = _load(config)
     if loaded is None or stopping.is_set():
         server.should_exit = True

@@ -25,11 +25,13 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(*options: str, log_path: Path | None = None,
-                   env: dict[str, str] | None = None, timeout: float = 180) -> Iterator[str]:
-    """Start the server with `--option KEY=VALUE` flags; yield its URL once /ping says 200."""
+                   env: dict[str, str] | None = None, timeout: float = 180,
+                   grpc_port: int = 0) -> Iterator[str]:
+    """Start the server with `--option KEY=VALUE` flags (and gRPC on `grpc_port`, 0: off);
+    yield its URL once /ping says 200."""
     port = free_port()
     argv = [sys.executable, "-m", "handlers.cli", "--host", "127.0.0.1", "--port", str(port),
-            "--grpc-port", "0"]
+            "--grpc-port", str(grpc_port)]
     for option in options:
         argv += ["--option", option]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115

@@ -16,9 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 import requests
+import tritonclient.grpc as triton_grpc
 from server_process import _wait_ready, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,16 +98,53 @@ class Stream:
             self.started.set()
 
 
+@dataclass
+class GrpcStream:
+    """One KServe V2 gRPC stream (tritonclient.grpc): its responses' texts and final flags."""
+
+    address: str
+    prompt: str
+    tokens: int
+    started: threading.Event = field(default_factory=threading.Event)
+    pieces: list[tuple[str, bool]] = field(default_factory=list)
+    finished: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        client = triton_grpc.InferenceServerClient(self.address)
+        tensor = triton_grpc.InferInput("text_input", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([self.prompt.encode()], dtype=np.object_))
+        client.start_stream(callback=self.on_response)
+        client.async_stream_infer("smollm2-135m-instruct", [tensor], request_id="g",
+                                  enable_empty_final_response=True, parameters={
+                                      "max_new_tokens": self.tokens, "ignore_eos": True})
+        self.finished.wait(60)
+        client.stop_stream()
+
+    def on_response(self, result, error) -> None:
+        if error is not None:
+            self.error = error
+            self.finished.set()
+            return
+        final = result.get_response().parameters["triton_final_response"].bool_param
+        self.pieces.append((result.as_numpy("text_output")[0].decode(), final))
+        self.started.set()
+        if final:
+            self.finished.set()
+
+
 def test_sigterm_lets_in_flight_streams_finish_then_exits_0(container):
     tokens = 32
     questions = ("Hi", "Why?", "Cats", "Rain", "Tea", "Maps", "Snow", "Jazz")
     streams = [Stream(container.url, {"inputs": chat(q), "stream": True, "parameters": {
         "max_new_tokens": tokens, "ignore_eos": True}}) for q in questions]
-    threads = [threading.Thread(target=s.run) for s in streams]
+    grpc_stream = GrpcStream("127.0.0.1:8081", chat("Clouds"), tokens)  # the default gRPC port
+    threads = [threading.Thread(target=s.run) for s in [*streams, grpc_stream]]
     for thread in threads:
         thread.start()
-    assert all(s.started.wait(60) for s in streams)
+    assert all(s.started.wait(60) for s in [*streams, grpc_stream])
     assert not any("generated_text" in s.lines[-1] for s in streams if s.lines), "not in flight"
+    assert not grpc_stream.finished.is_set(), "not in flight"
 
     container.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)  # uvicorn notices should_exit within 0.1 s and closes its listener
@@ -114,7 +153,8 @@ def test_sigterm_lets_in_flight_streams_finish_then_exits_0(container):
     assert container.proc.wait(timeout=30) == 0
     for thread in threads:
         thread.join(timeout=5)
-    assert [s.error for s in streams] == [None] * len(streams)
+    assert [s.error for s in [*streams, grpc_stream]] == [None] * (len(streams) + 1)
     for stream in streams:
         assert len(stream.lines) == tokens
         assert stream.lines[-1]["generated_text"]
+    assert len(grpc_stream.pieces) == tokens and grpc_stream.pieces[-1][1]

@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--host", default=FLAG_DEFAULTS["host"], help="default: 0.0.0.0")
     add("--port", type=_flag(values.port(1)), help="default: $SAGEMAKER_BIND_TO_PORT, else 8080")
     add("--grpc-port", type=_flag(values.port(0)), default=FLAG_DEFAULTS["grpc_port"],
-        help="default: 8081; 0 turns gRPC off (no gRPC server runs in this build yet)")
+        help="KServe V2 over gRPC; default: 8081; 0 turns gRPC off")
     add("--log-level", type=str.lower, default=FLAG_DEFAULTS["log_level"], choices=_LOG_LEVELS)
     add("--option", action="append", default=[], metavar="KEY=VALUE",
         help="a serving.properties setting, beating every other source (repeatable)")
@@ -51,15 +51,12 @@ _LABELS = {
     "grpc_port": "--grpc-port",
     "log_level": "--log-level",
 }
-# What the log adds to a value that has no effect yet.
-_NOTES = {"grpc_port": "no gRPC server runs in this build yet: KServe V2 over gRPC is not built"}
 
 
 def log_config(config: Config, logger: logging.Logger) -> None:
     """Log one line per effective value, with where it came from."""
     for field, label in _LABELS.items():
         value = getattr(config, field)
-        note = f"; {_NOTES[field]}" if field in _NOTES else ""
-        logger.info("config %s = %s [%s%s]", label, value, config.sources[field], note)
+        logger.info("config %s = %s [%s]", label, value, config.sources[field])
     for key, (value, source) in config.ignored.items():
         logger.info("config %s = %s [%s; a DJL setting with no effect here]", key, value, source)

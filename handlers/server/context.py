@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from handlers.engine.base import Embedder, Engine
+from handlers.engine.types import GenerationRequest
 from handlers.protocols.errors import ErrorKind, ProtocolError
-from handlers.server.generation import Admission
+from handlers.server.generation import Admission, Generation
 
 E = TypeVar("E", Engine, Embedder)
 
@@ -29,6 +30,8 @@ class ServerSettings:
     dynamic_streaming: bool = False  # option.enable_streaming: dynamic batches answer streams
     predict_timeout: float | None = None  # seconds a request may take; None: no deadline
     server_version: str = "0"  # what the server's metadata reports
+    grpc_host: str = "0.0.0.0"
+    grpc_port: int = 0  # KServe V2 over gRPC; 0: off
     job_queue_size: int = 1000  # client requests held at once
 
     def __post_init__(self) -> None:
@@ -78,6 +81,14 @@ class ServerContext:
         self.admission = Admission(settings.job_queue_size)
         self.created = int(time.time())
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
+        self._drains: list[Callable[[], Awaitable[None]]] = []
+
+    def generation(self, engine: Engine, requests: list[GenerationRequest],
+                   timeout: float | None = None) -> Generation:
+        """Admit and submit a client request's engine requests, under the server's deadline
+        (option.predict_timeout) or the request's own `timeout`, whichever is sooner."""
+        deadlines = [t for t in (self.settings.predict_timeout, timeout) if t is not None]
+        return Generation(engine, requests, self.admission, min(deadlines, default=None))
 
     def model_names(self) -> list[str]:
         """The names of the models served (an embedding model once it is loaded)."""
@@ -91,6 +102,22 @@ class ServerContext:
     def embedding_model(self) -> str | None:
         """The served embedding model's name, once loaded."""
         return self.embedder.name if self.embedder is not None else None
+
+    def on_drain(self, drain: Callable[[], Awaitable[None]]) -> None:
+        """Register how a wire stops taking requests and finishes those it has."""
+        self._drains.append(drain)
+
+    def drain(self) -> None:
+        """Begin draining every registered wire (HTTP drains itself); safe from any thread and
+        from signal handlers."""
+        if self.loop is not None:
+            for drain in self._drains:
+                asyncio.run_coroutine_threadsafe(drain(), self.loop)
+
+    async def drained(self) -> None:
+        """Drain every registered wire and wait until it has."""
+        for drain in self._drains:
+            await drain()
 
     async def shutdown(self) -> None:
         """Stop the engines (the HTTP server has drained its requests)."""

@@ -22,12 +22,13 @@ from typing import TypeVar
 import anyio
 
 from handlers.engine.base import Engine, GroupEngine, Pair, SteppableEngine
-from handlers.engine.types import GenerationRequest
-from handlers.protocols.errors import ErrorKind, GenerationError
-from handlers.protocols.outputs import UNFINISHED
+from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
+from handlers.protocols.outputs import UNFINISHED, Folded
 
 T = TypeVar("T")
 Watch = Callable[[], Awaitable[None]]  # returns once the client has gone away
+Refuse = Callable[[str, ErrorKind], ProtocolError]  # a protocol's error of a given kind
 
 
 class ClientGone(Exception):
@@ -62,7 +63,7 @@ class Generation:
             admission.acquire()
         self._admission = admission
         self._engine = engine
-        self._requests = requests
+        self.requests = requests
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._timeout = timeout
         self._open = set(range(len(requests)))  # requests not finished yet
@@ -113,7 +114,7 @@ class Generation:
         with anyio.CancelScope(shield=True):
             await self._source.aclose()
             for index in sorted(self._open):
-                await self._engine.abort(self._requests[index].request_id)
+                await self._engine.abort(self.requests[index].request_id)
         if self._admission is not None:
             self._admission.release()
 
@@ -227,6 +228,34 @@ async def first(generation: Generation, accept: Callable[[list[Pair]], T | None]
     except BaseException:
         await generation.aclose()
         raise
+
+
+def validate_each(engine: Engine, requests: list[GenerationRequest],
+                  where: Callable[[int], str], refuse: Refuse) -> None:
+    """Let the engine check each request; its refusal in the protocol's terms, the prompt named
+    `where(index)` and a parameter `parameters.<name>`."""
+    for index, request in enumerate(requests):
+        try:
+            engine.validate(request)
+        except RequestValidationError as exc:
+            field = where(index) if exc.field == "inputs" else f"parameters.{exc.field}"
+            raise refuse(f"{field}: {exc.message}", ErrorKind.VALIDATION) from None
+
+
+async def complete(generation: Generation, refuse: Refuse, watch: Watch | None = None
+                   ) -> list[Folded]:
+    """Every request run to its end and folded; the protocol's error when one failed."""
+    folded = [Folded() for _ in generation.requests]
+
+    def fold(pairs: list[Pair]) -> None:
+        for index, output in pairs:
+            folded[index].add(output)
+
+    await collect(generation, fold, watch)
+    for acc in folded:
+        if (failure := acc.failure()) is not None:
+            raise refuse(failure.message, failure.kind)
+    return folded
 
 
 def stepped(engine: SteppableEngine, requests: list[GenerationRequest]) -> Iterator[list[Pair]]:

@@ -1,13 +1,16 @@
 """Which status each error kind gets on the wire: one table per wire.
 
-HTTP answers OpenAI, embeddings, Databricks and the SageMaker routes with `HTTP`; LMI answers
-with its own (`LMI_HTTP`: DJL Serving answers failed validation and failed inference with 424),
-which DJL's front end also sends for the records of the DJL entry.
+HTTP answers OpenAI, embeddings, Databricks, KServe and the SageMaker routes with `HTTP`; LMI
+answers with its own (`LMI_HTTP`: DJL Serving answers failed validation and failed inference
+with 424), which DJL's front end also sends for the records of the DJL entry. gRPC (KServe V2)
+answers with status codes (`GRPC`).
 """
 
 from __future__ import annotations
 
 from types import MappingProxyType
+
+from grpc import StatusCode
 
 from handlers.protocols.errors import ErrorKind
 
@@ -28,3 +31,15 @@ LMI_HTTP: Table[ErrorKind, int] = MappingProxyType(
     {**HTTP, ErrorKind.VALIDATION: 424, ErrorKind.FAILED: 424})
 
 RETRY_AFTER_SECONDS = 1  # what an overloaded server tells its clients to wait
+
+GRPC: Table[ErrorKind, StatusCode] = MappingProxyType({
+    ErrorKind.VALIDATION: StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: StatusCode.NOT_FOUND,
+    ErrorKind.TIMEOUT: StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.TOO_LARGE: StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.FAILED: StatusCode.INTERNAL,
+    ErrorKind.INTERNAL: StatusCode.INTERNAL,
+    ErrorKind.UNSUPPORTED: StatusCode.UNIMPLEMENTED,
+    ErrorKind.OVERLOADED: StatusCode.UNAVAILABLE,
+    ErrorKind.UNAVAILABLE: StatusCode.UNAVAILABLE,
+})

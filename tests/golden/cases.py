@@ -233,6 +233,37 @@ def _embeddings_only_cases() -> list[Case]:
     ]
 
 
+def _kserve_cases() -> list[Case]:
+    post = "POST"
+    infer = "/v2/models/fake-model/infer"
+    tensor = {"name": "text_input", "shape": [2], "datatype": "BYTES", "data": ["a b", "c"]}
+    header = orjson.dumps({"inputs": [{**tensor, "data": None, "shape": [1],
+                                       "parameters": {"binary_data_size": 7}}],
+                           "parameters": {"binary_data_output": True, "max_new_tokens": 2}})
+    binary = b"\x03\x00\x00\x00a b"
+    return [
+        Case("v2-server", "GET", "/v2"),
+        Case("v2-live", "GET", "/v2/health/live"),
+        Case("v2-ready", "GET", "/v2/health/ready"),
+        Case("v2-model", "GET", "/v2/models/fake-model"),
+        Case("v2-model-version", "GET", "/v2/models/fake-model/versions/1/ready"),
+        Case("v2-model-other", "GET", "/v2/models/other"),
+        Case("v2-infer", post, infer, {"id": "7", "inputs": [tensor],
+                                       "parameters": {"max_new_tokens": 2}}),
+        Case("v2-infer-binary", post, infer, header + binary,
+             {"Inference-Header-Content-Length": str(len(header))}),
+        Case("v2-infer-bad-type", post, infer, {"inputs": [{**tensor, "datatype": "FP32"}]}),
+        Case("v2-infer-bad-json", post, infer, b"{"),
+        Case("v1-model", "GET", "/v1/models/fake-model"),
+        Case("v1-predict", post, "/v1/models/fake-model:predict", {"instances": [
+            "a b", {"text": "c", "max_new_tokens": 2}]}),
+        Case("v1-predict-embedder", post, "/v1/models/fake-embedder:predict",
+             {"instances": ["a b"]}),
+        Case("v1-explain", post, "/v1/models/fake-model:explain", {"instances": ["a"]}),
+        Case("v1-predict-bad", post, "/v1/models/fake-model:predict", {"instances": [3]}),
+    ]
+
+
 # (group name, server settings, whether the engines are loaded, cases)
 GROUPS: list[tuple[str, dict[str, Any], bool, list[Case]]] = [
     ("lmi", {}, True, _lmi_cases()),
@@ -267,6 +298,7 @@ GROUPS: list[tuple[str, dict[str, Any], bool, list[Case]]] = [
     ("dynamic-stream", {"dynamic": (2, 5, True)}, True, _dynamic_stream_cases()),
     ("loading", {}, False, _loading_cases()),
     ("embeddings-only", {"embeddings_only": True}, True, _embeddings_only_cases()),
+    ("kserve", {}, True, _kserve_cases()),
 ]
 
 _ID = re.compile(rb"[0-9a-f]{32}")
@@ -288,7 +320,7 @@ def _event_stream(raw: bytes) -> list[dict[str, Any]]:
 
 def _answer(response: httpx.Response) -> dict[str, Any]:
     kept = ("content-type", "x-amzn-errortype", "x-amzn-sagemaker-custom-attributes",
-            "x-amzn-sagemaker-content-type", "retry-after")
+            "x-amzn-sagemaker-content-type", "retry-after", "inference-header-content-length")
     headers = {k: response.headers[k] for k in kept if k in response.headers}
     answer: dict[str, Any] = {"status": response.status_code, "headers": headers}
     if headers.get("content-type") == "application/vnd.amazon.eventstream":

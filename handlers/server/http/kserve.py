@@ -15,16 +15,14 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from handlers.engine.base import Engine
-from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.engine.types import RequestValidationError
 from handlers.protocols import kserve_v1, kserve_v2
-from handlers.protocols.errors import ErrorKind, ProtocolError
+from handlers.protocols.errors import ErrorKind
 from handlers.protocols.kserve_v1 import KServeV1Error
 from handlers.protocols.kserve_v2 import KServeError
-from handlers.protocols.outputs import Folded
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
-from handlers.server.generation import Generation, collect
+from handlers.server.generation import complete, validate_each
 from handlers.server.http.body import BodyError, read_body, request_id
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.http.responses import BINARY_HEADER_LENGTH, disconnect_watch, to_response
@@ -34,7 +32,6 @@ log = logging.getLogger(__name__)
 
 V1 = HttpProtocol("KServe V1", HTTP, KServeV1Error, KServeV1Error.of)
 V2 = HttpProtocol("KServe V2", HTTP, KServeError, KServeError.of)
-Refuse = Callable[[str, ErrorKind], ProtocolError]
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -92,8 +89,9 @@ async def _predict(ctx: ServerContext, request: Request, model: str, body: Any,
             return Reply(200, kserve_v1.render_predictions(result.vectors))
         pairs = kserve_v1.generation_requests(body)
         gens = [gen for gen, _ in pairs]
-        _validate(engine, gens, lambda i: f"instances[{i}]", KServeV1Error)
-        folded = await _complete(ctx, request, engine, gens, None, KServeV1Error)
+        validate_each(engine, gens, lambda i: f"instances[{i}]", KServeV1Error)
+        folded = await complete(ctx.generation(engine, gens), KServeV1Error,
+                                disconnect_watch(request))
         texts = [(gen.prompt if full else "") + acc.sequences[0].text
                  for (gen, full), acc in zip(pairs, folded, strict=True)]
         return Reply(200, kserve_v1.render_predictions(texts))
@@ -175,9 +173,9 @@ async def _infer(ctx: ServerContext, request: Request, model: str, version: str 
         header, binary = await _read_infer_body(request, ctx.settings.max_request_size)
         infer = kserve_v2.parse_rest_request(header, binary)
         gens, params = kserve_v2.generation_requests(infer)
-        _validate(engine, gens, lambda i: f"{kserve_v2.TEXT_INPUT}[{i}]", KServeError)
-        folded = await _complete(ctx, request, engine, gens, kserve_v2.timeout_seconds(infer),
-                                 KServeError)
+        validate_each(engine, gens, lambda i: f"{kserve_v2.TEXT_INPUT}[{i}]", KServeError)
+        generation = ctx.generation(engine, gens, kserve_v2.timeout_seconds(infer))
+        folded = await complete(generation, KServeError, disconnect_watch(request))
         texts = [(gen.prompt if params.return_full_text else "") + acc.sequences[0].text
                  for gen, acc in zip(gens, folded, strict=True)]
         content, tail = kserve_v2.render_response(model, infer, texts)
@@ -203,35 +201,3 @@ async def _read_infer_body(request: Request, limit: int) -> tuple[Any, bytes]:
         return orjson.loads(raw[:size]), raw[size:]
     except orjson.JSONDecodeError as exc:
         raise KServeError(f"the request's JSON is not valid: {exc}") from None
-
-
-# --- generation shared by V1 and V2 -------------------------------------------------------------
-
-
-def _validate(engine: Engine, gens: list[GenerationRequest], where: Callable[[int], str],
-              refuse: Refuse) -> None:
-    for i, gen in enumerate(gens):
-        try:
-            engine.validate(gen)
-        except RequestValidationError as exc:
-            field = where(i) if exc.field == "inputs" else f"parameters.{exc.field}"
-            raise refuse(f"{field}: {exc.message}", ErrorKind.VALIDATION) from None
-
-
-async def _complete(ctx: ServerContext, request: Request, engine: Engine,
-                    gens: list[GenerationRequest], timeout: float | None, refuse: Refuse
-                    ) -> list[Folded]:
-    """Run the requests to their end; the protocol's error when one failed."""
-    deadlines = [t for t in (ctx.settings.predict_timeout, timeout) if t is not None]
-    generation = Generation(engine, gens, ctx.admission, min(deadlines, default=None))
-    folded = [Folded() for _ in gens]
-
-    def fold(pairs: list[tuple[int, Any]]) -> None:
-        for i, output in pairs:
-            folded[i].add(output)
-
-    await collect(generation, fold, disconnect_watch(request))
-    for acc in folded:
-        if (failure := acc.failure()) is not None:
-            raise refuse(failure.message, failure.kind)
-    return folded

@@ -81,7 +81,7 @@ async def _rolling(ctx: ServerContext, request: Request, body: Any, rid: str) ->
     opts = RenderOptions.for_request(lmi, settings.tgi_compat)
     style = stream_style(settings.output_formatter, settings.tgi_compat)
     log.info("[RequestId=%s] LMI request %s, stream=%s", rid, gen.request_id, lmi.stream)
-    generation = Generation(engine, [gen], ctx.admission, settings.predict_timeout)
+    generation = ctx.generation(engine, [gen])
     watch = disconnect_watch(request)
     if lmi.stream and style is not None:
         renderer = StreamRenderer(opts, style)
@@ -117,8 +117,7 @@ async def _dynamic(ctx: ServerContext, request: Request, body: Any, rid: str) ->
     gens = to_generation_requests(parsed)
     _validate(ctx.generator.engine, parsed, gens)
     log.info("[RequestId=%s] dynamic-batch request with %d inputs", rid, len(gens))
-    generation = Generation(ctx.generator.engine, gens, ctx.admission,
-                            ctx.settings.predict_timeout)
+    generation = ctx.generation(ctx.generator.engine, gens)
     watch = disconnect_watch(request)
     if ctx.settings.dynamic_streaming:
         return await _dynamic_stream(generation, len(gens), watch, rid)

@@ -83,7 +83,7 @@ async def chat_body(ctx: ServerContext, request: Request, body: Any, rid: str) -
         job = prepare_chat(body, engine.tokenizer, settings.model_name,
                            settings.full_text_enabled)
         _admit(engine, job.gen, job.request, "messages", rid)
-        generation = Generation(engine, [job.gen], ctx.admission, settings.predict_timeout)
+        generation = ctx.generation(engine, [job.gen])
         if job.request.stream:
             stream = ChatStream(job.context, job.options)
             return await _stream(request, generation, lambda _, output: stream.feed(output), rid)
@@ -100,7 +100,7 @@ async def completion_body(ctx: ServerContext, request: Request, body: Any, rid: 
         for i, gen in enumerate(job.gens):
             _admit(engine, gen, job.request, "prompt" if len(job.gens) == 1 else f"prompt[{i}]",
                    rid)
-        generation = Generation(engine, job.gens, ctx.admission, ctx.settings.predict_timeout)
+        generation = ctx.generation(engine, job.gens)
         if job.request.stream:
             stream = CompletionStream(job.context, job.options)
             return await _stream(request, generation, stream.feed, rid)

@@ -1,0 +1,35 @@
+"""The gRPC wire: KServe V2's `inference.GRPCInferenceService` on `--grpc-port`, served by
+grpc.aio on the HTTP server's event loop, over the same context and engines."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from handlers.server.context import ServerContext
+from handlers.server.grpc.servicer import InferenceServicer
+
+log = logging.getLogger(__name__)
+
+GRACE_SECONDS = 30  # what in-flight RPCs get to finish once the server drains, as HTTP's
+
+
+class GrpcServer:
+    def __init__(self, ctx: ServerContext, host: str, port: int) -> None:
+        limit = ctx.settings.max_request_size
+        self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                                ("grpc.max_send_message_length", limit)])
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(ctx),
+                                                                    self._server)
+        self.address = f"{host}:{port}"
+        self._port = self._server.add_insecure_port(self.address)  # raises if it cannot bind
+
+    async def start(self) -> None:
+        await self._server.start()
+        log.info("KServe V2 gRPC (inference.GRPCInferenceService) on %s", self.address)
+
+    async def stop(self) -> None:
+        """Refuse new RPCs, let those in flight finish (up to GRACE_SECONDS), then end."""
+        await self._server.stop(GRACE_SECONDS)
