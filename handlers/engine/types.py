@@ -77,6 +77,7 @@ class SamplingParams:
     n: int = 1  # sequences returned
     best_of: int | None = None  # sequences generated (>= n); the best n by log-probability win
     structured: StructuredOutput | None = None  # constrained decoding (each sequence on its own)
+    watermark: bool = False  # bias sampling to a green list a detector can recognise (TGI's)
 
     @property
     def num_sequences(self) -> int:
@@ -92,6 +93,7 @@ class GenerationRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     prompt_token_ids: list[int] | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0  # among waiting requests, lower values are admitted first
 
 
 @dataclass

@@ -15,6 +15,7 @@ from handlers.server.grpc import GrpcServer
 from handlers.server.http import (
     databricks,
     embeddings,
+    generate,
     health,
     invocations,
     kserve,
@@ -25,7 +26,7 @@ from handlers.server.http import (
 )
 
 ROUTERS = (health, invocations, sagemaker, models, openai, embeddings, databricks, kserve,
-           metrics)
+           generate, metrics)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

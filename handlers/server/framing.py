@@ -29,6 +29,7 @@ class Framing(Enum):
     JSONLINES = "jsonlines"  # one JSON object per line
     SSE = "sse"  # `data: {json}` events
     OPENAI_SSE = "openai_sse"  # SSE ending with `data: [DONE]`
+    SSE_COMPACT = "sse_compact"  # `data:{json}` events, no space (MindIE's, TGI's)
 
     @property
     def media_type(self) -> str:
@@ -36,7 +37,9 @@ class Framing(Enum):
 
     def frame(self, data: Any) -> bytes:
         body = orjson.dumps(data)
-        return body + b"\n" if self is Framing.JSONLINES else b"data: " + body + b"\n\n"
+        if self is Framing.JSONLINES:
+            return body + b"\n"
+        return (b"data:" if self is Framing.SSE_COMPACT else b"data: ") + body + b"\n\n"
 
     @property
     def trailer(self) -> bytes | None:

@@ -10,9 +10,9 @@ a sequence that finishes hands its slot to the last one.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +53,7 @@ class ContinuousBatcher:
         self.max_prefill_tokens = max_prefill_tokens
         self.max_model_len = max_model_len
         self.grammars = Grammars(tokenizer, runner.vocab_size, eos_token_ids)
-        self.waiting: deque[GenerationRequest] = deque()
+        self.waiting: list[GenerationRequest] = []  # by priority, then arrival
         self.prefilling: list[RequestState] = []  # FIFO, each holds a slot for its sequence 0
         self.decoding: list[Sequence] = []  # decoding[i].slot == i
         self.states: dict[str, RequestState] = {}
@@ -64,8 +64,8 @@ class ContinuousBatcher:
     # -- public surface -------------------------------------------------------------------------
 
     def add(self, request: GenerationRequest) -> None:
-        """Queue a validated request (its prompt_token_ids set)."""
-        self.waiting.append(request)
+        """Queue a validated request (its prompt_token_ids set) behind those of its priority."""
+        bisect.insort_right(self.waiting, request, key=lambda r: r.priority)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Finish a request now; its slots are free before this returns."""
@@ -133,7 +133,7 @@ class ContinuousBatcher:
             request = self.waiting[0]
             if self._used_slots() + request.params.num_sequences > self.max_batch_size:
                 return
-            self.waiting.popleft()
+            self.waiting.pop(0)
             try:
                 state = self._new_state(request)
             except Exception as exc:  # a request that cannot start fails alone

@@ -4,7 +4,8 @@ Each row of a decode step's logits belongs to a different sequence with its own 
 `sample` processes and samples all rows at once, vectorized across rows. The order is vLLM's, with
 Hugging Face's typical_p (which vLLM lacks) last, where Hugging Face applies it:
 
-1. every row: min_new_tokens masking, logit_bias, repetition / frequency / presence penalties;
+1. every row: min_new_tokens masking, logit_bias, repetition / frequency / presence penalties,
+   the watermark's green-list bias (watermark.py);
 2. greedy rows (`do_sample=False`, or a temperature below 1e-5 as in vLLM): argmax;
 3. sampled rows: temperature, min_p, top_k, top_p, typical_p, then one draw per row.
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import TypicalLogitsWarper
 
+from handlers.engine.torch import watermark
 from handlers.engine.types import RequestValidationError, SamplingParams
 
 _SAMPLING_EPS = 1e-5  # a lower temperature means greedy, as in vLLM
@@ -51,6 +53,7 @@ class SequenceSampler:
         validate_params(params, vocab_size)
         self.params = params
         self.generated = 0
+        self.last_token = prompt_token_ids[-1] if prompt_token_ids else 0  # for the watermark
         self.sampled = params.do_sample and params.temperature >= _SAMPLING_EPS
         self.generator: torch.Generator | None = None
         if self.sampled and params.seed is not None:
@@ -68,8 +71,9 @@ class SequenceSampler:
             self._output = _Occurrences([], device)
 
     def append(self, token_id: int) -> None:
-        """Record a generated token (for the penalties and min_new_tokens)."""
+        """Record a generated token (for the penalties, min_new_tokens and the watermark)."""
         self.generated += 1
+        self.last_token = token_id
         for occurrences in (self._seen, self._output):
             if occurrences is not None:
                 occurrences.add(token_id)
@@ -157,13 +161,15 @@ def _ids(token_ids: list[int], device: torch.device) -> torch.Tensor:
 
 
 def _process(logits: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
-    """Apply min_new_tokens, logit_bias and the penalties; a copy, or `logits` when none apply."""
+    """Apply min_new_tokens, logit_bias, the penalties and the watermark; a copy, or `logits`
+    when none apply."""
     early = [i for i, s in enumerate(samplers) if s.generated < s.params.min_new_tokens]
     stops = [(i, samplers[i]._stop_ids) for i in early]
     biased = [(i, s._bias_ids) for i, s in enumerate(samplers) if s.params.logit_bias]
     repeat = [i for i, s in enumerate(samplers) if s._seen is not None]
     counted = [i for i, s in enumerate(samplers) if s._output is not None]
-    if not (stops or biased or repeat or counted):
+    marked = [(i, s.last_token) for i, s in enumerate(samplers) if s.params.watermark]
+    if not (stops or biased or repeat or counted or marked):
         return logits
     logits = logits.clone()
     if stops:
@@ -175,6 +181,8 @@ def _process(logits: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Ten
         _repetition_penalty(logits, repeat, samplers)
     if counted:
         _frequency_presence_penalty(logits, counted, samplers)
+    if marked:
+        watermark.mark(logits, marked)
     return logits
 
 
