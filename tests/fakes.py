@@ -85,6 +85,8 @@ def _markers(prompt: str) -> dict[str, int]:
 class FakeEngine:
     model_name: str = "fake-model"
     max_model_len: int = 64
+    dtype: str = "float32"
+    device: str = "cpu"
     token_delay: float = 0.0  # seconds per engine step
     tokens_per_step: int = 1
     ready: bool = True

@@ -41,6 +41,8 @@ class Engine(Protocol):
     model_name: str
     max_model_len: int
     tokenizer: Tokenizer
+    dtype: str  # the weights' dtype, e.g. "float32" (what /info reports)
+    device: str  # e.g. "cpu", "cuda"
 
     def validate(self, request: GenerationRequest) -> None:
         """Tokenize and check a request before admission; raise RequestValidationError.

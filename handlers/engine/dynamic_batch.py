@@ -102,6 +102,14 @@ class DynamicBatcher:
     def max_model_len(self) -> int:
         return self.inner.max_model_len
 
+    @property
+    def dtype(self) -> str:
+        return self.inner.dtype
+
+    @property
+    def device(self) -> str:
+        return self.inner.device
+
     # -- the Engine interface -------------------------------------------------------------------
 
     def health(self) -> bool:

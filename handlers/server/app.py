@@ -23,10 +23,11 @@ from handlers.server.http import (
     models,
     openai,
     sagemaker,
+    tgi,
 )
 
 ROUTERS = (health, invocations, sagemaker, models, openai, embeddings, databricks, kserve,
-           generate, metrics)
+           generate, tgi, metrics)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

@@ -1,9 +1,9 @@
 """Which status each error kind gets on the wire: one table per wire.
 
-HTTP answers OpenAI, embeddings, Databricks, KServe and the SageMaker routes with `HTTP`; LMI
-answers with its own (`LMI_HTTP`: DJL Serving answers failed validation and failed inference
-with 424), which DJL's front end also sends for the records of the DJL entry. gRPC (KServe V2)
-answers with status codes (`GRPC`).
+HTTP answers OpenAI, embeddings, Databricks, KServe, generate and the SageMaker routes with
+`HTTP`; LMI answers with its own (`LMI_HTTP`: DJL Serving answers failed validation and failed
+inference with 424), which DJL's front end also sends for the records of the DJL entry, and TGI
+with TGI's (`TGI_HTTP`). gRPC (KServe V2) answers with status codes (`GRPC`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ HTTP: Table[ErrorKind, int] = MappingProxyType({
 })
 LMI_HTTP: Table[ErrorKind, int] = MappingProxyType(
     {**HTTP, ErrorKind.VALIDATION: 424, ErrorKind.FAILED: 424})
+# TGI: 422 validation, 424 a failed generation, 429 overloaded.
+TGI_HTTP: Table[ErrorKind, int] = MappingProxyType(
+    {**HTTP, ErrorKind.VALIDATION: 422, ErrorKind.FAILED: 424, ErrorKind.OVERLOADED: 429})
 
 RETRY_AFTER_SECONDS = 1  # what an overloaded server tells its clients to wait
 

@@ -53,6 +53,8 @@ class TorchEngine:
                  max_prefill_tokens: int = 512, chat_template: str | None = None) -> None:
         self.model_name = loaded.name
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
+        self.dtype = str(loaded.dtype).removeprefix("torch.")
+        self.device = loaded.device.type
         self.max_model_len = loaded.max_model_len
         runner = ModelRunner(loaded.model, max_batch_size, loaded.max_model_len)
         self.vocab_size = runner.vocab_size

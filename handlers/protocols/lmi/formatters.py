@@ -138,7 +138,7 @@ def early_failure(output: RequestOutput) -> LmiFailure | None:
 
 
 # Stands in for the last token when a sequence finishes in a step that released none.
-_END_TOKEN = Token(id=-1, text="", logprob=None, special=True)
+END_TOKEN = Token(id=-1, text="", logprob=None, special=True)
 _ERROR_TOKEN = Token(id=-1, text="", logprob=-1, special=True)
 _ERROR_DETAILS = {"finish_reason": "error", "generated_tokens": None, "inputs": None}
 
@@ -170,7 +170,7 @@ class StreamRenderer:
         if failed:
             lines.append(self.error(seq.error or "generation failed"))
         elif ends and not seq.tokens:
-            lines.append(self._token_line(_END_TOKEN, True))
+            lines.append(self._token_line(END_TOKEN, True))
         self.done = seq.finished
         return lines
 

@@ -1,0 +1,143 @@
+"""TGI's own routes: `POST /generate`, `POST /generate_stream`, `POST /` (TGI's compat route:
+`stream` chooses, and a whole answer is a JSON list of one), `GET /info`, `GET /health` (and
+`GET /`, TGI's health too). As TGI does, a stream answers 200 at once and reports every failure,
+validation included, as an event; whole answers get 422, 424 or 429.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from handlers.engine.base import Engine
+from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.protocols import tgi
+from handlers.protocols.errors import ErrorKind, GenerationError
+from handlers.protocols.outputs import Event, output_failure
+from handlers.protocols.tgi import Rendering, StreamEvents, TgiError, TgiRequest
+from handlers.server.context import ServerContext
+from handlers.server.framing import Answer, Framing, Reply, StreamReply
+from handlers.server.generation import complete
+from handlers.server.http.guard import HttpProtocol, guarded, read_then
+from handlers.server.http.responses import disconnect_watch, to_response
+from handlers.server.status import TGI_HTTP
+
+log = logging.getLogger(__name__)
+
+TGI = HttpProtocol("TGI", TGI_HTTP, TgiError, TgiError.of)
+Mode = Literal["generate", "stream", "compat"]
+
+
+def router(ctx: ServerContext) -> APIRouter:
+    routes = APIRouter()
+    for path, mode in (("/generate", "generate"), ("/generate_stream", "stream"),
+                       ("/", "compat")):
+        routes.add_api_route(path, _route(ctx, mode), methods=["POST"])
+
+    @routes.get("/info")
+    async def info() -> Response:
+        return to_response(Reply(200, _info(ctx)))
+
+    @routes.get("/health")
+    @routes.get("/")
+    async def health() -> Response:
+        if ctx.ready():
+            return Response(status_code=200)
+        return to_response(Reply(503, {"error": "unhealthy", "error_type": "healthcheck"}))
+
+    return routes
+
+
+def _route(ctx: ServerContext, mode: Mode) -> Any:
+    async def generate(request: Request) -> Response:
+        return to_response(await read_then(TGI, request, ctx.settings.max_request_size,
+                                           lambda body, rid: _answer(ctx, request, body, rid,
+                                                                     mode)))
+
+    return generate
+
+
+def _info(ctx: ServerContext) -> dict[str, Any]:
+    engine = ctx.generator.engine if ctx.generator is not None else None
+    context = engine.max_model_len if engine is not None else None
+    return {
+        "model_id": ctx.settings.model_name,
+        "model_sha": None,
+        "model_dtype": None if engine is None else engine.dtype,
+        "model_device_type": None if engine is None else engine.device,
+        "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": ctx.settings.job_queue_size,
+        "max_best_of": tgi.MAX_BEST_OF,
+        "max_stop_sequences": tgi.MAX_STOP_SEQUENCES,
+        "max_input_tokens": None if context is None else context - 1,
+        "max_total_tokens": context,
+        "validation_workers": 1,
+        "max_client_batch_size": 1,
+        "router": "lmi-serve",
+        "version": ctx.settings.server_version,
+        "sha": None,
+        "docker_label": None,
+    }
+
+
+async def _answer(ctx: ServerContext, request: Request, body: Any, rid: str, mode: Mode
+                  ) -> Answer:
+    async def answer() -> Answer:
+        parsed = tgi.parse_tgi_request(body)  # what does not parse is a 422, even for streams
+        stream = parsed.stream if mode == "compat" else mode == "stream"
+        if stream:
+            return StreamReply(_stream(ctx, request, parsed, rid), Framing.SSE)
+        engine, gen = _admit(ctx, parsed, stream=False)
+        rendering = Rendering.of(parsed, gen, compat=mode == "compat")
+        folded = await complete(ctx.generation(engine, [gen]), TgiError,
+                                disconnect_watch(request))
+        generated = tgi.render_generate(folded[0], rendering)
+        return Reply(200, [generated] if mode == "compat" else generated)
+
+    return await guarded(TGI, rid, answer)
+
+
+def _admit(ctx: ServerContext, parsed: TgiRequest, stream: bool
+           ) -> tuple[Engine, GenerationRequest]:
+    """TGI's validation, then the engine's; the output length fitted to the context."""
+    if ctx.generator is None:
+        raise TgiError(f"'{ctx.settings.model_name}' is an embedding model: this server "
+                       "generates no text", ErrorKind.NOT_FOUND)
+    engine = ctx.generator.ready_engine(TgiError)
+    tgi.validate(parsed, stream)
+    gen = tgi.generation_request(parsed)
+    try:
+        engine.validate(gen)
+    except RequestValidationError as exc:
+        raise TgiError(f"`{exc.field}`: {exc.message}") from None
+    tgi.fit_to_context(parsed, gen, engine.max_model_len)
+    return engine, gen
+
+
+async def _stream(ctx: ServerContext, request: Request, parsed: TgiRequest, rid: str
+                  ) -> AsyncIterator[list[Event]]:
+    """Every token as an event; any failure, from validation on, as the last event."""
+    generation = None
+    try:
+        engine, gen = _admit(ctx, parsed, stream=True)
+        generation = ctx.generation(engine, [gen])
+        events = StreamEvents(Rendering.of(parsed, gen, compat=False),
+                              len(gen.prompt_token_ids or []))
+        async for pairs in generation:
+            for _, output in pairs:
+                if (failure := output_failure(output)) is not None:
+                    raise TgiError(failure.message, failure.kind)
+                for event in events.feed(output):
+                    yield [event]
+    except (TgiError, GenerationError) as exc:
+        error = exc if isinstance(exc, TgiError) else TgiError.of(exc)
+        log.info("[RequestId=%s] TGI stream ended with an error: %s", rid, error.message)
+        yield [tgi.error_event(error)]
+    finally:
+        if generation is not None:
+            await generation.aclose()
