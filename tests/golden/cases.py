@@ -264,6 +264,28 @@ def _kserve_cases() -> list[Case]:
     ]
 
 
+def _generate_and_tgi_cases() -> list[Case]:
+    post = "POST"
+    generate = {"id": "g1", "text_input": "a b", "parameters": {"max_new_tokens": 2,
+                                                                 "details": True}}
+    tgi = {"inputs": "a b", "parameters": {"max_new_tokens": 2, "details": True,
+                                           "decoder_input_details": True}}
+    return [
+        Case("generate", post, "/v2/models/fake-model/generate", generate),
+        Case("generate-stream", post, "/v2/models/fake-model/generate_stream", generate),
+        Case("generate-bad", post, "/v2/models/fake-model/generate", {"text_input": "a",
+                                                                      "parameters": {"seed": 0}}),
+        Case("tgi-generate", post, "/generate", tgi),
+        Case("tgi-generate-stream", post, "/generate_stream", {"inputs": "a b", "parameters": {
+            "max_new_tokens": 2, "details": True}}),
+        Case("tgi-compat", post, "/", {"inputs": "a", "parameters": {"max_new_tokens": 1}}),
+        Case("tgi-bad", post, "/generate", {"inputs": "a", "parameters": {"top_p": 1.0}}),
+        Case("tgi-stream-bad", post, "/generate_stream", {"inputs": "a", "parameters": {
+            "best_of": 2, "do_sample": True}}),
+        Case("tgi-health", "GET", "/health"),
+    ]
+
+
 # (group name, server settings, whether the engines are loaded, cases)
 GROUPS: list[tuple[str, dict[str, Any], bool, list[Case]]] = [
     ("lmi", {}, True, _lmi_cases()),
@@ -299,10 +321,11 @@ GROUPS: list[tuple[str, dict[str, Any], bool, list[Case]]] = [
     ("loading", {}, False, _loading_cases()),
     ("embeddings-only", {"embeddings_only": True}, True, _embeddings_only_cases()),
     ("kserve", {}, True, _kserve_cases()),
+    ("generate-and-tgi", {}, True, _generate_and_tgi_cases()),
 ]
 
 _ID = re.compile(rb"[0-9a-f]{32}")
-_TIMES = re.compile(rb'"(created|prefill_time)":[0-9.e-]+')
+_TIMES = re.compile(rb'"(created|prefill_time|decode_time|queue_wait_time|seed)":[0-9.e-]+')
 _DECODE_TIMES = re.compile(rb'"decode_time_arr":\[[0-9.e,-]*\]')
 
 
