@@ -19,11 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.engine.types import GenerationRequest, RequestOutput, SamplingParams
-from handlers.protocols.errors import GenerationError, ProtocolError
-from handlers.protocols.lmi.request import LmiParameters, describe_errors, to_sampling_params
+from handlers.protocols.bodies import parse_body
+from handlers.protocols.kserve_v2 import KServeError
+from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
 from handlers.protocols.outputs import Event
 
 UINT64 = 2**64 - 1
@@ -31,15 +32,6 @@ INT32 = 2**31 - 1
 DEFAULT_PRIORITY = 5
 
 
-class GenerateError(ProtocolError):
-    """Triton's error body: `{"error": "<message>"}`."""
-
-    def payload(self, status: int) -> dict[str, Any]:
-        return {"error": self.message}
-
-    @classmethod
-    def of(cls, error: GenerationError) -> GenerateError:
-        return cls(error.message, error.kind)
 
 
 class GenerateParameters(BaseModel):
@@ -71,17 +63,13 @@ class GenerateRequest(BaseModel):
 
 
 def parse_generate_request(body: Any) -> GenerateRequest:
-    if not isinstance(body, dict):
-        raise GenerateError("the request body must be a JSON object with 'text_input'")
-    try:
-        request = GenerateRequest.model_validate(body)
-    except ValidationError as exc:
-        raise GenerateError(describe_errors(exc)) from None
+    request = parse_body(GenerateRequest, body, KServeError,
+                         "the request body must be a JSON object with 'text_input'")
     if isinstance(request.text_input, list):
-        raise GenerateError("text_input: this model reads text only; send a string, not a "
+        raise KServeError("text_input: this model reads text only; send a string, not a "
                             "multimodal list")
     if not request.text_input:
-        raise GenerateError("text_input: must not be empty")
+        raise KServeError("text_input: must not be empty")
     return request
 
 

@@ -13,32 +13,25 @@ from typing import Any
 from pydantic import ValidationError
 
 from handlers.engine.types import GenerationRequest
-from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.lmi.request import LmiParameters, describe_errors, to_sampling_params
+from handlers.protocols.bodies import describe_errors
+from handlers.protocols.errors import ErrorKind
+from handlers.protocols.kserve_v2 import KServeError
+from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
 
 PROMPT_KEYS = ("text", "prompt", "inputs")
 
 
-class KServeV1Error(ProtocolError):
-    """V1's error body: `{"error": "<message>"}`."""
-
-    def payload(self, status: int) -> dict[str, Any]:
-        return {"error": self.message}
-
-    @classmethod
-    def of(cls, error: GenerationError) -> KServeV1Error:
-        return cls(error.message, error.kind)
 
 
-def model_not_found(model: str) -> KServeV1Error:
-    return KServeV1Error(f"Model with name {model} does not exist.", ErrorKind.NOT_FOUND)
+def model_not_found(model: str) -> KServeError:
+    return KServeError(f"Model with name {model} does not exist.", ErrorKind.NOT_FOUND)
 
 
 def instances(body: Any) -> list[Any]:
     if not isinstance(body, dict) or not isinstance(body.get("instances"), list):
-        raise KServeV1Error("the request body must be a JSON object with an 'instances' list")
+        raise KServeError("the request body must be a JSON object with an 'instances' list")
     if not body["instances"]:
-        raise KServeV1Error("instances: must not be empty")
+        raise KServeError("instances: must not be empty")
     return body["instances"]
 
 
@@ -47,7 +40,7 @@ def texts(body: Any) -> list[str]:
     found = instances(body)
     for i, item in enumerate(found):
         if not isinstance(item, str) or not item:
-            raise KServeV1Error(f"instances[{i}]: expected a non-empty string (got {item!r})")
+            raise KServeError(f"instances[{i}]: expected a non-empty string (got {item!r})")
     return found
 
 
@@ -62,21 +55,21 @@ def _generation_request(item: Any, index: int) -> tuple[GenerationRequest, bool]
     if isinstance(item, str):
         item = {"text": item}
     if not isinstance(item, dict):
-        raise KServeV1Error(f"{where}: expected a string or an object (got {item!r})")
+        raise KServeError(f"{where}: expected a string or an object (got {item!r})")
     prompts = [key for key in PROMPT_KEYS if key in item]
     if len(prompts) != 1 or not isinstance(item[prompts[0]], str) or not item[prompts[0]]:
-        raise KServeV1Error(f"{where}: expected one non-empty prompt string in one of "
+        raise KServeError(f"{where}: expected one non-empty prompt string in one of "
                             f"{', '.join(PROMPT_KEYS)}")
     fields = {k: v for k, v in item.items() if k not in (*PROMPT_KEYS, "parameters")}
     nested = item.get("parameters", {})
     if not isinstance(nested, dict):
-        raise KServeV1Error(f"{where}.parameters: expected an object")
+        raise KServeError(f"{where}.parameters: expected an object")
     try:
         params = LmiParameters.model_validate({**fields, **nested})
     except ValidationError as exc:
-        raise KServeV1Error(f"{where}.{describe_errors(exc)}") from None
+        raise KServeError(f"{where}.{describe_errors(exc)}") from None
     if params.num_beams > 1 or params.num_sequences > 1:
-        raise KServeV1Error(f"{where}: beam search, n and best_of > 1 are not supported")
+        raise KServeError(f"{where}: beam search, n and best_of > 1 are not supported")
     return GenerationRequest(item[prompts[0]], to_sampling_params(params)), params.return_full_text
 
 

@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from handlers.engine.types import GenerationRequest
+from handlers.protocols.bodies import describe_errors, parse_body
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.lmi.request import LmiParameters, describe_errors, to_sampling_params
+from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
@@ -35,7 +36,7 @@ _RESERVED = frozenset({*_SEQUENCE, "priority", "timeout", "binary_data_output", 
 
 
 class KServeError(ProtocolError):
-    """V2's error body: `{"error": "<message>"}` (400 unless the kind says otherwise)."""
+    """The error body of KServe's V1 and V2 and of Triton: `{"error": "<message>"}`."""
 
     def payload(self, status: int) -> dict[str, Any]:
         return {"error": self.message}
@@ -109,12 +110,8 @@ class _RequestModel(BaseModel):
 
 def parse_rest_request(body: Any, binary: bytes) -> InferRequest:
     """An `/infer` body (`binary`: what follows the JSON header under the binary extension)."""
-    if not isinstance(body, dict):
-        raise KServeError("the request body must be a JSON object with 'inputs'")
-    try:
-        request = _RequestModel.model_validate(body)
-    except ValidationError as exc:
-        raise KServeError(describe_errors(exc)) from None
+    request = parse_body(_RequestModel, body, KServeError,
+                         "the request body must be a JSON object with 'inputs'")
     tensors, offset = [], 0
     for given in request.inputs:
         raw = None

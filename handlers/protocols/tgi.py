@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.engine.types import GenerationRequest, SamplingParams, StructuredOutput
+from handlers.protocols.bodies import parse_body
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.lmi.formatters import END_TOKEN, token_dict, top_dicts
-from handlers.protocols.lmi.request import describe_errors
 from handlers.protocols.outputs import Event, Folded, FoldedSequence
 
 MAX_BEST_OF = 2
@@ -92,12 +92,8 @@ class TgiRequest(BaseModel):
 
 
 def parse_tgi_request(body: Any) -> TgiRequest:
-    if not isinstance(body, dict):
-        raise TgiError("the request body must be a JSON object with 'inputs'")
-    try:
-        request = TgiRequest.model_validate(body)
-    except ValidationError as exc:
-        raise TgiError(describe_errors(exc)) from None
+    request = parse_body(TgiRequest, body, TgiError,
+                         "the request body must be a JSON object with 'inputs'")
     if request.parameters is None:
         request.parameters = TgiParameters(do_sample=True)
     return request

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from handlers.engine.types import GenerationRequest, RequestOutput
+from handlers.protocols.bodies import parse_body
 from handlers.protocols.errors import GenerationError, ProtocolError
-from handlers.protocols.lmi.request import LmiParameters, describe_errors, to_sampling_params
+from handlers.protocols.lmi.request import NOT_AN_OBJECT, LmiParameters, to_sampling_params
 from handlers.protocols.outputs import Event, Failure, Folded, output_failure
 
 HANDLER_FAILURE = "invoke handler failure"
@@ -55,12 +56,7 @@ class DynamicRequest(BaseModel):
 
 def parse_dynamic_request(body: Any) -> DynamicRequest:
     """Validate a decoded JSON body; raise DynamicError naming the offending field."""
-    if not isinstance(body, dict):
-        raise DynamicError("request body must be a JSON object with an 'inputs' field")
-    try:
-        request = DynamicRequest.model_validate(body)
-    except ValidationError as exc:
-        raise DynamicError(describe_errors(exc)) from None
+    request = parse_body(DynamicRequest, body, DynamicError, NOT_AN_OBJECT)
     p = request.parameters
     if p.num_beams > 1:
         raise DynamicError("parameters.num_beams: beam search is not supported")

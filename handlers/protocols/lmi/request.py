@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from handlers.engine.types import GenerationRequest, SamplingParams
+from handlers.protocols.bodies import parse_body
 from handlers.protocols.lmi.errors import LmiError
 
 MAX_TOP_TOKENS = 20  # vLLM's default max_logprobs
+NOT_AN_OBJECT = "request body must be a JSON object with an 'inputs' field"
 
 
 class LmiParameters(BaseModel):
@@ -77,29 +79,9 @@ class LmiRequest(BaseModel):
 
 def parse_lmi_request(body: Any) -> LmiRequest:
     """Validate a decoded JSON body; raise LmiError (424) naming the offending field."""
-    if not isinstance(body, dict):
-        raise LmiError("request body must be a JSON object with an 'inputs' field")
-    try:
-        request = LmiRequest.model_validate(body)
-    except ValidationError as exc:
-        raise LmiError(describe_errors(exc)) from None
+    request = parse_body(LmiRequest, body, LmiError, NOT_AN_OBJECT)
     _check_combinations(request)
     return request
-
-
-def describe_errors(exc: ValidationError) -> str:
-    """One line per pydantic error: `parameters.top_p: Input should be ... (got 1.5)`."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        got = err.get("input")
-        shown = f" (got {got!r})" if err["type"] != "missing" and _is_scalar(got) else ""
-        parts.append(f"{where}: {err['msg']}{shown}")
-    return "; ".join(parts)
-
-
-def _is_scalar(value: Any) -> bool:
-    return value is None or isinstance(value, str | int | float | bool)
 
 
 def _check_combinations(request: LmiRequest) -> None:

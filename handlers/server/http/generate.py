@@ -17,13 +17,12 @@ from starlette.responses import Response
 from handlers.engine.base import Engine, Pair
 from handlers.protocols.errors import ErrorKind, GenerationError
 from handlers.protocols.generate import (
-    GenerateError,
     GenerateRenderer,
     error_event,
     generation_request,
     parse_generate_request,
 )
-from handlers.protocols.kserve_v2 import check_version
+from handlers.protocols.kserve_v2 import KServeError, check_version
 from handlers.protocols.outputs import Event, output_failure
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply, StreamReply
@@ -34,7 +33,7 @@ from handlers.server.status import HTTP
 
 log = logging.getLogger(__name__)
 
-GENERATE = HttpProtocol("generate", HTTP, GenerateError, GenerateError.of)
+GENERATE = HttpProtocol("generate", HTTP, KServeError, KServeError.of)
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -58,9 +57,9 @@ def _route(ctx: ServerContext, stream: bool) -> Callable[..., Any]:
 
 def _engine(ctx: ServerContext, model: str, version: str | None) -> Engine:
     if ctx.generator is None or ctx.generator.name != model:
-        raise GenerateError(f"model '{model}' is not served here", ErrorKind.NOT_FOUND)
+        raise KServeError(f"model '{model}' is not served here", ErrorKind.NOT_FOUND)
     check_version(model, version)
-    return ctx.generator.ready_engine(GenerateError)
+    return ctx.generator.ready_engine(KServeError)
 
 
 async def _answer(ctx: ServerContext, request: Request, model: str, version: str | None,
@@ -69,7 +68,7 @@ async def _answer(ctx: ServerContext, request: Request, model: str, version: str
         engine = _engine(ctx, model, version)
         parsed = parse_generate_request(body)
         gen = generation_request(parsed)
-        validate_each(engine, [gen], lambda _: "text_input", GenerateError)
+        validate_each(engine, [gen], lambda _: "text_input", KServeError)
         generation = ctx.generation(engine, [gen], parsed.parameters.timeout)
         renderer = GenerateRenderer(parsed, model, version, gen.arrival_time,
                                     ctx.settings.full_text_enabled)
@@ -90,7 +89,7 @@ def _events(renderer: GenerateRenderer, pairs: list[Pair]) -> list[Event]:
     events = []
     for _, output in pairs:
         if (failure := output_failure(output)) is not None:
-            raise GenerateError(failure.message, failure.kind)
+            raise KServeError(failure.message, failure.kind)
         events.extend(renderer.feed(output, now))
     return events
 
@@ -104,7 +103,7 @@ async def _stream(events: list[Event], generation: Generation, renderer: Generat
         async for pairs in generation:
             for event in _events(renderer, pairs):
                 yield [event]
-    except (GenerateError, GenerationError) as exc:
+    except (KServeError, GenerationError) as exc:
         log.warning("[RequestId=%s] generation failed mid-stream: %s", rid, exc.message)
         yield [error_event(exc.message)]
     finally:

@@ -18,7 +18,6 @@ from starlette.responses import Response
 from handlers.engine.types import RequestValidationError
 from handlers.protocols import kserve_v1, kserve_v2
 from handlers.protocols.errors import ErrorKind
-from handlers.protocols.kserve_v1 import KServeV1Error
 from handlers.protocols.kserve_v2 import KServeError
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
@@ -30,7 +29,7 @@ from handlers.server.status import HTTP
 
 log = logging.getLogger(__name__)
 
-V1 = HttpProtocol("KServe V1", HTTP, KServeV1Error, KServeV1Error.of)
+V1 = HttpProtocol("KServe V1", HTTP, KServeError, KServeError.of)
 V2 = HttpProtocol("KServe V2", HTTP, KServeError, KServeError.of)
 
 
@@ -80,17 +79,17 @@ async def _predict(ctx: ServerContext, request: Request, model: str, body: Any,
         served = _served(ctx, model)
         if served is None:
             raise kserve_v1.model_not_found(model)
-        engine = served.ready_engine(KServeV1Error)
+        engine = served.ready_engine(KServeError)
         if served is ctx.embedder:
             try:
                 result = await engine.embed(kserve_v1.texts(body))
             except RequestValidationError as exc:
-                raise KServeV1Error(exc.message) from None
+                raise KServeError(exc.message) from None
             return Reply(200, kserve_v1.render_predictions(result.vectors))
         pairs = kserve_v1.generation_requests(body)
         gens = [gen for gen, _ in pairs]
-        validate_each(engine, gens, lambda i: f"instances[{i}]", KServeV1Error)
-        folded = await complete(ctx.generation(engine, gens), KServeV1Error,
+        validate_each(engine, gens, lambda i: f"instances[{i}]", KServeError)
+        folded = await complete(ctx.generation(engine, gens), KServeError,
                                 disconnect_watch(request))
         texts = [(gen.prompt if full else "") + acc.sequences[0].text
                  for (gen, full), acc in zip(pairs, folded, strict=True)]
