@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import orjson
 import pytest
 import requests
 from server_process import running_server
@@ -70,9 +71,20 @@ def test_use_raw_prompt_is_accepted_and_changes_nothing(served):
     assert raw["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
 
 
-def test_suffix_is_refused_the_model_cannot_fill_in_the_middle(served):
-    error = refusal(invoke(served.url, LLM, {"prompt": "def f(x):", "suffix": "return y"}), 400)
-    assert error["param"] == "suffix" and "fill-in-the-middle" in error["message"]
+def test_suffix_ends_every_completion_whole_and_streamed(served):
+    body = {"prompt": ["def f(x):", "def g(y):"], "suffix": "\n# end", "max_tokens": 6,
+            "temperature": 0}
+    whole = invoke(served.url, LLM, body)
+    assert whole.status_code == 200
+    texts = [c["text"] for c in sorted(whole.json()["choices"], key=lambda c: c["index"])]
+    assert all(text.endswith("\n# end") for text in texts)
+    streamed = invoke(served.url, LLM, {**body, "stream": True})
+    pieces: dict[int, str] = {}
+    for line in streamed.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in orjson.loads(line.removeprefix("data: "))["choices"]:
+                pieces[choice["index"]] = pieces.get(choice["index"], "") + choice["text"]
+    assert [pieces[i] for i in sorted(pieces)] == texts
 
 
 def test_error_behavior_error_refuses_what_the_context_cannot_hold(served):

@@ -146,7 +146,6 @@ def test_bad_message_lists(body, param):
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"suffix": " and then"}, "suffix"),
     ({"n": 3, "best_of": 2}, "best_of"),
     ({"best_of": 2, "stream": True}, "best_of"),
     ({"logprobs": 21}, "logprobs"),
@@ -158,8 +157,19 @@ def test_completion_refusals(fields, param):
     assert (status(error), error.param) == (400, param)
 
 
-def test_suffix_refusal_says_why():
-    assert "fill-in-the-middle is not supported" in completion_refusal(suffix="x").message
+def test_suffix_is_appended_to_every_completion_whole_and_streamed():
+    """Seed 002 (Databricks): a string appended to the end of every completion."""
+    opts = CompletionOptions(prompts=("a",), n=2, suffix="<END>")
+    col = collect(out(seq(0, [tok(1, " x")], FinishReason.LENGTH),
+                      seq(1, [tok(2, " y")], FinishReason.EOS), finished=True))
+    assert [c["text"] for c in render_completion(CTX, opts, [col])["choices"]] == [
+        " x<END>", " y<END>"]
+    stream = CompletionStream(CTX, opts)
+    chunks = stream.feed(0, out(seq(0, [tok(1, " x")]), seq(1, [tok(2, " y")])))
+    chunks += stream.feed(0, out(seq(0, [tok(3, " z")], FinishReason.LENGTH),
+                                 seq(1, [], FinishReason.EOS), finished=True))
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert texts == [" x", " y", " z<END>", "<END>"]
 
 
 def test_unknown_fields_are_ignored_and_listed():

@@ -2,7 +2,9 @@
 
 A request may hold several prompts: choice `index` is `prompt_index * n + i`, and `usage` sums
 them. `echo` puts the prompt before the completion (and, with `logprobs`, its tokens' entries
-first; the first prompt token has none). Usage placement in streams is as in `chat_render`.
+first; the first prompt token has none); `suffix` is appended to every completion (seed 002's
+Databricks field; streamed, in the choice's last chunk). Usage placement in streams is as in
+`chat_render`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class CompletionOptions:
     n: int = 1
     logprobs: int | None = None
     echo: bool = False
+    suffix: str = ""
     include_usage: bool = False
 
     @classmethod
@@ -40,6 +43,7 @@ class CompletionOptions:
             n=request.n,
             logprobs=request.logprobs,
             echo=bool(request.echo),
+            suffix=request.suffix or "",
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
         )
 
@@ -59,6 +63,7 @@ def render_completion(ctx: ResponseContext, opts: CompletionOptions, results: li
                 logprobs = merge(echoed, logprobs) if echoed else logprobs
             if opts.echo:
                 text = opts.prompts[p] + text
+            text += opts.suffix
             choices.append({"index": p * opts.n + i, "text": text, "logprobs": logprobs,
                             "finish_reason": finish_reason(choice.finish_reason)})
         prompt_tokens += col.prompt_token_count
@@ -109,6 +114,8 @@ class CompletionStream:
             logprobs = builder.generated(seq.tokens)
             logprobs = merge(echoed, logprobs) if echoed else logprobs
         reason = finish_reason(seq.finish_reason)
+        if reason is not None:
+            text += self.opts.suffix
         if not (text or reason or (logprobs and logprobs["tokens"])):
             return None
         return self.chunk([{"index": index, "text": text, "logprobs": logprobs,

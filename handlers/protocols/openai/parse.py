@@ -96,9 +96,6 @@ def forced_tool_call(request: ChatCompletionRequest) -> bool:
 
 
 def _check_completion(request: CompletionRequest) -> None:
-    if request.suffix:
-        raise OpenAIError("suffix: fill-in-the-middle is not supported with this model; send "
-                          "the prompt without a suffix", "suffix", code="invalid_value")
     if request.best_of is not None:
         if request.best_of < request.n:
             raise OpenAIError(f"best_of: must be >= n ({request.n})", "best_of",
