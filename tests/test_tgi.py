@@ -9,7 +9,6 @@ import re
 from collections.abc import Iterator
 
 import httpx
-import huggingface_hub.constants
 import jsonschema
 import orjson
 import pytest
@@ -22,14 +21,6 @@ from server_process import serving
 from handlers.engine.torch.watermark import z_score
 
 pytest_plugins = ["served_models"]
-
-
-@pytest.fixture(autouse=True)
-def online(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hub client refuses every request in offline mode, which the server's model loading
-    (model_source.enforce_offline) turns on for the whole test process."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import jinja2.nodes
 
 from handlers.config.keys import BY_FIELD, ConfigError, Setting
 from handlers.config.settings import Config
+from handlers.model_source import is_remote
 
 OWN_ENTRY_POINT = "handlers.djl"
 
@@ -24,9 +25,11 @@ _DYNAMIC_ONLY = ("max_batch_delay", "enable_streaming")
 
 def check_effects(config: Config) -> None:
     """Raise ConfigError for a setting that nothing would read."""
-    if config.revision is not None:
-        _refuse(config, BY_FIELD["revision"], "it picks a Hugging Face Hub revision, and this "
-                "build loads local models only")
+    hub = config.model_id is not None and not config.model_id.startswith("s3://") and \
+        is_remote(config.model_id, config.model_dir)
+    if config.revision is not None and not hub:
+        _refuse(config, BY_FIELD["revision"], "it picks a Hugging Face Hub revision, and "
+                "option.model_id names no Hub model")
     if config.entry_point not in (None, OWN_ENTRY_POINT):
         _refuse(config, BY_FIELD["entry_point"], "lmi-serve answers with its own handlers; a "
                 f"custom entry point runs inside DJL Serving (use {OWN_ENTRY_POINT} there)")

@@ -17,7 +17,6 @@ from handlers.engine.torch.loader import resolve_device
 from handlers.model_source import (
     DEFAULT_EMBEDDING_NAME,
     ModelSourceError,
-    enforce_offline,
     is_default_embedding_id,
     resolve_embedding_source,
 )
@@ -36,12 +35,12 @@ class EmbeddingModel:
 
 
 def load_embedding_model(
-    source: str | Path | None = None, *, device: str = "auto", base_dir: Path | None = None
+    source: str | Path | None = None, *, device: str = "auto", base_dir: Path | None = None,
+    revision: str | None = None,
 ) -> EmbeddingModel:
     """Load the embedding model `source` names (see `resolve_embedding_source`) on `device`."""
-    enforce_offline()
     started = time.perf_counter()
-    path = resolve_embedding_source(source, base_dir)
+    path = resolve_embedding_source(source, base_dir, revision)
     is_default = source is None or is_default_embedding_id(str(source))
     target = resolve_device(device)
     from sentence_transformers import SentenceTransformer  # heavy (scikit-learn): load on use

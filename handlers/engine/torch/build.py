@@ -10,7 +10,7 @@ from handlers.model_source import resolve_model_source
 
 
 def build(config: Config) -> EngineBuild:
-    source = resolve_model_source(config.model_id, config.model_dir)
+    source = resolve_model_source(config.model_id, config.model_dir, config.revision)
     loaded = load_model(source, dtype=config.dtype, device=config.device,
                         max_model_len=config.max_model_len,
                         trust_remote_code=config.trust_remote_code, name=config.model_name)

@@ -1,4 +1,5 @@
-"""Offline model loading: find the model files, load them as a causal LM, never touch a hub.
+"""Model loading from local files (model_source.py fetched remote ones already): every
+transformers call reads local files only (`local_files_only`), so loading never reaches a hub.
 
 A source is a Hugging Face layout directory (config.json + *.safetensors) or a single .gguf file.
 GGUF files are dequantized once by transformers and cached as a plain safetensors checkpoint,
@@ -27,7 +28,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from handlers.model_source import derive_model_name, enforce_offline
+from handlers.model_fetch import default_cache_dir
+from handlers.model_source import derive_model_name
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +83,6 @@ def resolve_dtype(dtype: str, device: torch.device, checkpoint: torch.dtype | No
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("LMI_CACHE_DIR") or Path.home() / ".cache" / "lmi-serve")
-
-
 def load_model(
     source: Path,
     *,
@@ -97,7 +95,6 @@ def load_model(
 ) -> LoadedModel:
     """Load `source` (from `model_source.resolve_model_source`) as an eval-mode causal LM on
     `device`; `name` is the served name (else derived from the file's)."""
-    enforce_offline()
     started = time.perf_counter()
     target = resolve_device(device)
     resolve_dtype(dtype, target, None)  # reject a bad option.dtype before any slow work
@@ -184,7 +181,6 @@ def gguf_cache_entry(gguf: Path, cache_dir: Path | None = None) -> Path:
 
 def cached_gguf_dir(gguf: Path, cache_dir: Path | None = None) -> Path:
     """The HF-layout copy of `gguf` in the cache, converting the file first when needed."""
-    enforce_offline()
     entry = gguf_cache_entry(gguf, cache_dir)
     if not entry.is_dir():
         _convert_gguf(gguf, entry)
