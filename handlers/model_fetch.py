@@ -39,16 +39,20 @@ def default_cache_dir() -> Path:
 def fetch_hub(repo_id: str, revision: str | None) -> Path:
     """The snapshot of `repo_id` at `revision` in huggingface_hub's cache, downloaded if need
     be (HF_TOKEN, HF_ENDPOINT and HF_HOME apply); a cached one when the Hub cannot be reached."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    import httpx2  # huggingface_hub's HTTP client: its connection errors are not OSErrors
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     where = f"{repo_id}" + (f"@{revision}" if revision else "")
     started = time.perf_counter()
     log.info("fetching %s from the Hugging Face Hub", where)
     try:
+        # snapshot_download would itself fall back to a cached snapshot, silently: asking for
+        # the model's info first tells an unreachable Hub (said in the log) from a download.
+        HfApi().model_info(repo_id, revision=revision)
         path = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS,
                                  tqdm_class=_logged_progress(where))
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
+    except (httpx2.HTTPError, LocalEntryNotFoundError, OSError) as exc:
         if _is_missing(exc):
             raise FetchError(f"option.model_id {where}: the Hugging Face Hub has no such "
                              f"model or revision ({type(exc).__name__}: {exc})") from None
@@ -89,7 +93,8 @@ def _logged_progress(what: str) -> Any:
 
         def update(self, n: float | None = 1) -> bool | None:
             shown = super().update(n)
-            log.info("fetching %s: %d of %s files", what, self.n, self.total or "?")
+            if self.unit != "B":  # snapshot_download drives its byte bars with this class too
+                log.info("fetching %s: %d of %s files", what, self.n, self.total or "?")
             return shown
 
     return LoggedProgress
