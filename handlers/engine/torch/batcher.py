@@ -99,9 +99,13 @@ class ContinuousBatcher:
         """Admit, prefill one chunk, decode one token for every running sequence; return the
         outputs. With `emit_first`, the first tokens that this step's prefill produced go there
         before the decode pass runs, so a new request's time to first token does not include it.
+        Without it (a caller stepping the engine itself: the DJL entry), the sequences this step
+        started decode from the next step on: one token per sequence per step, as DJL gets from
+        vLLM's steps.
         """
         self._admit()
         touched: dict[str, RequestState] = {}
+        running = len(self.decoding)  # started sequences take the slots after these
         if self.prefilling:
             self._prefill(touched)
             self._release_finished()  # e.g. max_new_tokens=1: no decode pass for them
@@ -109,8 +113,9 @@ class ContinuousBatcher:
                 for output in self._take_outputs(touched):
                     emit_first(output)
                 touched = {}
-        if self.decoding:
-            self._decode(touched)
+                running = len(self.decoding)
+        if running:
+            self._decode(touched, running)
         self._release_finished()
         outputs = self._take_outputs(touched)
         if not self.has_work:
@@ -273,8 +278,9 @@ class ContinuousBatcher:
 
     # -- decode ---------------------------------------------------------------------------------
 
-    def _decode(self, touched: dict[str, RequestState]) -> None:
-        rows = list(self.decoding)
+    def _decode(self, touched: dict[str, RequestState], count: int) -> None:
+        """Decode the sequences in slots 0..count-1."""
+        rows = self.decoding[:count]
         tokens = [seq.token_ids[-1] for seq in rows]
         lengths = [seq.cached for seq in rows]
         try:
