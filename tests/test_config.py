@@ -430,7 +430,7 @@ def test_defaults_and_a_source_for_every_field(tmp_path):
     config = load(tmp_path)
     assert (config.rolling_batch, config.output_formatter, config.batch_size) == (
         "auto",
-        "jsonlines",
+        None,  # DJL's default: by the request's `stream`
         1,
     )
     assert (config.max_batch_delay, config.job_queue_size, config.dtype) == (100, 1000, "auto")

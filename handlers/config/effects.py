@@ -50,6 +50,9 @@ def check_effects(config: Config) -> None:
     else:
         for field in _DYNAMIC_ONLY:
             _refuse_if_set(config, field, f"it applies to {mode} only")
+        if config.tgi_compat and config.output_formatter == "jsonlines":
+            _refuse(config, BY_FIELD["output_formatter"], "option.tgi_compat streams TGI's "
+                    "server-sent events")
     chat_template_text(config)
 
 

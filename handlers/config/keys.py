@@ -58,7 +58,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.embedding_model_id", "embedding_model_id", values.text, DEFAULT_EMBEDDING_ID),
     Setting("option.entryPoint", "entry_point", values.text, None),
     Setting("option.rolling_batch", "rolling_batch", _ROLLING_BATCH, "auto"),
-    Setting("option.output_formatter", "output_formatter", _FORMATTER, "jsonlines"),
+    # Unset: DJL's default (json; jsonlines for `stream: true`, or SSE under tgi_compat).
+    Setting("option.output_formatter", "output_formatter", _FORMATTER, None),
     Setting("option.tgi_compat", "tgi_compat", values.boolean, False),
     Setting("option.enable_streaming", "enable_streaming", values.streaming, False),
     Setting("option.full_text_enabled", "full_text_enabled", values.boolean, False),

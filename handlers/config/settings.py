@@ -50,7 +50,7 @@ class Config:
     embedding_model_id: str  # "none": no embedding model
     entry_point: str | None
     rolling_batch: str  # auto | disable | torch | vllm | llamacpp
-    output_formatter: str  # json | jsonlines | sse
+    output_formatter: str | None  # json | jsonlines | sse; None: DJL's default
     tgi_compat: bool
     enable_streaming: bool
     full_text_enabled: bool

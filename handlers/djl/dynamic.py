@@ -2,8 +2,9 @@
 
 DJL's front end groups requests by `batch_size` / `max_batch_delay` and sends them in one call
 (a single request arrives unbatched). Every prompt of the batch goes to the engine at once and
-runs to completion; each item is answered, under its own batch key, with the list of
-`{"generated_text": ...}` this project's dynamic-batch schema gives. Items may carry different
+runs to completion; each item is answered, under its input's content key, with the list of
+`{"generated_text": ...}` this project's dynamic-batch schema gives, written as DJL's handler
+writes it (`Output.add_as_json`). Items may carry different
 parameters. A failed item gets DJL's handler-failure body; one Output has one status for the
 whole batch, so only an unbatched request fails with HTTP 424. With `option.enable_streaming`
 one request at a time is answered as a jsonlines stream of `{"outputs": [...]}`, as in DJL.
@@ -11,11 +12,12 @@ one request at a time is answered as a jsonlines stream of `{"outputs": [...]}`,
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-import orjson
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
@@ -24,7 +26,6 @@ from handlers.engine.base import Pair, SteppableEngine
 from handlers.engine.types import GenerationRequest, RequestValidationError
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.lmi.dynamic import (
-    HANDLER_FAILURE,
     DynamicError,
     DynamicRequest,
     StreamLines,
@@ -34,7 +35,7 @@ from handlers.protocols.lmi.dynamic import (
     to_generation_requests,
 )
 from handlers.protocols.outputs import Event, Folded
-from handlers.server.framing import JSON_MEDIA_TYPE, Framing
+from handlers.server.framing import JSON_MEDIA_TYPE, JSONLINES_MEDIA_TYPE
 from handlers.server.generation import stepped
 from handlers.server.status import LMI_HTTP
 
@@ -50,14 +51,15 @@ class _Item:
     accs: list[Folded] = field(default_factory=list)
     error: DynamicError | None = None  # refused before admission
 
-    def answer(self) -> tuple[int, bytes]:
+    def answer(self) -> tuple[int, Any]:
+        """The status and body of this request's answer."""
         try:
             if self.error is not None:
                 raise self.error
-            return 200, orjson.dumps(render_answer(self.accs, self.request))
+            return 200, render_answer(self.accs, self.request)
         except DynamicError as failed:
             status = LMI_HTTP[failed.kind]
-            return status, orjson.dumps(failed.payload(status))
+            return status, failed.payload(status)
 
 
 class DynamicBatchDriver:
@@ -73,13 +75,16 @@ class DynamicBatchDriver:
                                  "set batch_size=1")
             return self._stream(items[0])
         self._run([item for item in items if item.error is None])
-        if not inputs.is_batch():
-            status, body = items[0].answer()
-            return _json(Output(status, "OK" if status == 200 else HANDLER_FAILURE), body)
-        outputs = Output()
-        for i, item in enumerate(items):
-            outputs.add(item.answer()[1], key="data", batch_index=i)
-        return outputs.add_property("Content-Type", JSON_MEDIA_TYPE)
+        answers = [item.answer() for item in items]
+        if not inputs.is_batch() and answers[0][0] != 200:
+            status, body = answers[0]
+            return Output().error(body["error"], code=status)
+        # As DJL's handler answers (djl_python.encode_decode.encode): each item's JSON under its
+        # input's content key, written by Output.add_as_json.
+        outputs = Output().add_property("Content-Type", JSON_MEDIA_TYPE)
+        for i, (_, body) in enumerate(answers):
+            outputs.add_as_json(body, key=inputs.get_content().key_at(i))
+        return outputs
 
     def _parse(self, item: Input) -> _Item:
         try:
@@ -130,31 +135,31 @@ class DynamicBatchDriver:
         if lines.failure is not None and not first:
             steps.close()
             return Output().error(lines.failure.message)
-        outputs = Output().add_property("Content-Type", Framing.JSONLINES.media_type)
+        outputs = Output().add_property("content-type", JSONLINES_MEDIA_TYPE)  # as DJL's
         return outputs.add_stream_content(_lines(first, steps, lines), output_formatter=None)
 
 
 def _lines(first: Event | None, steps: Iterator[list[Pair]], lines: StreamLines
            ) -> Iterator[bytes]:
     """The stream's jsonlines; DJL pulls them after `handle()` returned."""
-    frame = Framing.JSONLINES.frame
     try:
         if first:
-            yield frame(first.data)
+            yield _frame(first.data)
         if not lines.done:
             for pairs in steps:
                 if line := lines.feed(pairs):
-                    yield frame(line.data)
+                    yield _frame(line.data)
                 if lines.done:
                     break
         if lines.failure is not None:
-            yield frame(lines.error(lines.failure.message, LMI_HTTP[lines.failure.kind]).data)
+            yield _frame(lines.error(lines.failure.message, LMI_HTTP[lines.failure.kind]).data)
     except Exception as exc:
         log.exception("dynamic-batch stream failed")
-        yield frame(lines.error(str(exc) or type(exc).__name__, LMI_HTTP[ErrorKind.FAILED]).data)
+        yield _frame(lines.error(str(exc) or type(exc).__name__, LMI_HTTP[ErrorKind.FAILED]).data)
     finally:
         steps.close()  # cancels what still runs when DJL stops reading early
 
 
-def _json(outputs: Output, body: bytes) -> Output:
-    return outputs.add_property("Content-Type", JSON_MEDIA_TYPE).add(body)
+def _frame(line: Any) -> bytes:
+    """A line as DJL's default stream formatter writes it (outputs.py: json.dumps, ASCII)."""
+    return json.dumps(line).encode() + b"\n"

@@ -2,20 +2,22 @@
 
 DJL's front end sends the whole active batch on every call: the requests already running come
 first, in the order they joined, with empty data; new requests follow with their bodies. Each
-call runs one engine step and answers one binary-encoded record per batch entry,
-in batch order: `data` (the text to append to that request's response), `last`, `content_type`
-and, for a failed request, `code` and `error`. DJL drops the requests whose record was `last`
-before the next call, and so does this driver. A request that fails validation gets its error
-record at once and never enters the batch.
+call runs one engine step and answers one binary-encoded record per batch entry, in batch order,
+as DJL's own LMI handlers do (djl_python.utils.rolling_batch_inference): `data` (the text to
+append to that request's response), `last`, `content_type`, `request_id` and, for a failed
+request, `error` and `code`; a request refused before admission gets DJL's parse-failure record
+at once and never enters the batch. Bodies and stream lines are JSON as DJL's output formatters
+write it (`json.dumps`, non-ASCII kept), so the bytes match DJL's for the same tokens. DJL drops
+the requests whose record was `last` before the next call, and so does this driver.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
@@ -28,16 +30,22 @@ from handlers.protocols.lmi import (
     LmiRequest,
     RenderOptions,
     StreamRenderer,
+    StreamStyle,
+    answer_style,
     parse_lmi_request,
     render_json,
-    stream_style,
     to_generation_request,
 )
 from handlers.protocols.outputs import UNFINISHED, Folded
-from handlers.server.framing import JSON_MEDIA_TYPE, LMI_FRAMING, Framing
+from handlers.server.framing import JSON_MEDIA_TYPE, LMI_FRAMING
 from handlers.server.status import LMI_HTTP
 
 log = logging.getLogger(__name__)
+
+# DJL's prefix for a request its input parser refuses (djl_python.input_parser).
+PARSE_FAILED = "Input Parsing failed. Ensure that the request payload is valid. "
+# What DJL's Python engine answers 507 for (djl_python.python_sync_engine).
+_OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
 
 
 @dataclass
@@ -48,30 +56,43 @@ class _Request:
     request_id: str = ""  # the engine's id
     opts: RenderOptions | None = None
     renderer: StreamRenderer | None = None  # set when the answer is streamed
-    framing: Framing | None = None  # the stream's
+    style: StreamStyle | None = None  # the stream's
     acc: Folded = field(default_factory=Folded)
-    error: str | None = None  # refused before admission
+    refusal: str | None = None  # why it was refused before admission
     sent: bool = False  # whether any data went out already
     done: bool = False
 
+    @property
+    def content_type(self) -> str:
+        return JSON_MEDIA_TYPE if self.style is None else LMI_FRAMING[self.style].media_type
 
-def _record(data: str, last: bool, content_type: str, req: _Request) -> dict[str, Any]:
-    record: dict[str, Any] = {"data": data, "last": last, "content_type": content_type}
-    if req.client_id is not None:
-        record["request_id"] = req.client_id
-    return record
+    def record(self, data: str, last: bool = False, **failure: Any) -> dict[str, Any]:
+        """The record DJL's RollingBatch.postprocess_results writes (`error` before `code`)."""
+        self.done = last
+        return {"data": data, "last": last, "content_type": self.content_type,
+                "request_id": self.client_id, **failure}
+
+    def failed(self, message: str, status: int) -> dict[str, Any]:
+        return self.record("", True, error=message, code=status)
 
 
-def _error_record(req: _Request, message: str, status: int = 424) -> dict[str, Any]:
-    req.done = True
-    return {**_record("", True, JSON_MEDIA_TYPE, req), "code": status, "error": message}
+def _refusal_record(message: str) -> dict[str, Any]:
+    """DJL's record for a request its parser refused (no content type, no request id)."""
+    return {"data": "", "last": True, "code": 424, "error": message}
+
+
+def _frame(style: StreamStyle, line: Any) -> str:
+    """A stream line as DJL's formatters write it (jsonlines, or SSE for sse and tgi_compat)."""
+    text = json.dumps(line, ensure_ascii=False) + "\n"
+    return text if style is StreamStyle.JSONLINES else f"data: {text}\n"
 
 
 class RollingBatchDriver:
-    def __init__(self, engine: SteppableEngine, output_formatter: str, tgi_compat: bool) -> None:
+    def __init__(self, engine: SteppableEngine, output_formatter: str | None,
+                 tgi_compat: bool) -> None:
         self.engine = engine
+        self.output_formatter = output_formatter
         self.tgi_compat = tgi_compat
-        self.style = stream_style(output_formatter, tgi_compat)
         self.running: list[_Request] = []  # in DJL's batch order
 
     def reset(self) -> None:
@@ -89,14 +110,13 @@ class RollingBatchDriver:
             self.reset()
             raise RuntimeError(message)
         entries = self.running + [self._admit(item) for item in batch[len(self.running) :]]
-        self.running = [req for req in entries if req.error is None]
+        self.running = [req for req in entries if req.refusal is None]
         try:
             outputs = self.engine.step() if self.engine.has_work else []
         except Exception as exc:  # the batch state is lost: fail everyone, as DJL's batchers do
             log.exception("rolling batch step failed; %d requests fail", len(self.running))
             self.reset()
-            message = f"rolling batch inference failed: {exc}"
-            return _encode([_error_record(req, req.error or message) for req in entries])
+            return _encode([self._failed(req, exc) for req in entries])
         by_id: dict[str, list[RequestOutput]] = {}
         for out in outputs:
             by_id.setdefault(out.request_id, []).append(out)
@@ -110,20 +130,21 @@ class RollingBatchDriver:
         req = _Request(client_id=item.get_property("requestId"))
         try:
             lmi = _parse(item)
+            style = answer_style(lmi, self.output_formatter, self.tgi_compat)
             gen = to_generation_request(lmi)
             self.engine.validate(gen)
         except LmiError as exc:
-            req.error = exc.message
+            req.refusal = PARSE_FAILED + exc.message
         except RequestValidationError as exc:
-            req.error = f"{exc.field}: {exc.message}"
-        if req.error is not None:
-            log.info("[RequestId=%s] invalid LMI request: %s", req.client_id, req.error)
+            req.refusal = f"{exc.field}: {exc.message}"
+        if req.refusal is not None:
+            log.info("[RequestId=%s] invalid LMI request: %s", req.client_id, req.refusal)
             return req
         req.request_id = gen.request_id
         req.opts = RenderOptions.for_request(lmi, self.tgi_compat)
-        if lmi.stream and self.style is not None:
-            req.renderer = StreamRenderer(req.opts, self.style)
-            req.framing = LMI_FRAMING[self.style]
+        if style is not None:
+            req.renderer = StreamRenderer(req.opts, style)
+            req.style = style
         self.engine.add(gen)
         log.info("[RequestId=%s] LMI request %s joins the batch, stream=%s",
                  req.client_id, gen.request_id, req.renderer is not None)
@@ -132,20 +153,19 @@ class RollingBatchDriver:
     # -- records --------------------------------------------------------------------------------
 
     def _answer(self, req: _Request, outputs: list[RequestOutput]) -> dict[str, Any]:
-        if req.error is not None:
-            return _error_record(req, req.error)
+        if req.refusal is not None:
+            return _refusal_record(req.refusal)
         if req.renderer is not None:
             return self._stream_record(req, req.renderer, outputs)
         for out in outputs:
             req.acc.add(out)
         if not req.acc.finished:
-            return _record("", False, JSON_MEDIA_TYPE, req)
-        req.done = True
+            return req.record("")
         try:
             body = render_json(req.acc, req.opts)
         except LmiFailure as failed:
-            return _error_record(req, failed.message, LMI_HTTP[failed.kind])
-        return _record(orjson.dumps(body).decode(), True, JSON_MEDIA_TYPE, req)
+            return req.failed(failed.message, LMI_HTTP[failed.kind])
+        return req.record(json.dumps(body, ensure_ascii=False), last=True)
 
     def _stream_record(self, req: _Request, renderer: StreamRenderer,
                        outputs: list[RequestOutput]) -> dict[str, Any]:
@@ -155,11 +175,20 @@ class RollingBatchDriver:
         if renderer.done and not req.sent:
             failure = renderer.acc.failure()
             if failure is not None:  # nothing went out yet: DJL can still answer an HTTP error
-                return _error_record(req, failure.message, LMI_HTTP[failure.kind])
-        chunk = b"".join(req.framing.frame(event.data) for event in events)
+                return req.failed(failure.message, LMI_HTTP[failure.kind])
+        chunk = "".join(_frame(req.style, event.data) for event in events)
         req.sent = req.sent or bool(chunk)
-        req.done = renderer.done
-        return _record(chunk.decode(), renderer.done, req.framing.media_type, req)
+        return req.record(chunk, last=renderer.done)
+
+    def _failed(self, req: _Request, exc: Exception) -> dict[str, Any]:
+        """A request's record when the step failed: a stream that began ends with seed 004's
+        error line; anything else gets an HTTP error, 507 when memory ran out."""
+        if req.refusal is not None:
+            return _refusal_record(req.refusal)
+        message = f"rolling batch inference failed: {exc}"
+        if req.renderer is not None and req.sent:
+            return req.record(_frame(req.style, req.renderer.error(message).data), last=True)
+        return req.failed(message, 507 if type(exc).__name__ in _OUT_OF_MEMORY else 424)
 
 
 def _parse(item: Input) -> LmiRequest:
@@ -167,12 +196,17 @@ def _parse(item: Input) -> LmiRequest:
 
 
 def _encode(records: list[dict[str, Any]]) -> Output:
-    """One binary-encoded record per batch entry, with DJL's per-entry response properties."""
+    """One binary-encoded record per batch entry, with the per-entry response properties DJL's
+    handlers add: none when every entry was refused (djl_python.huggingface answers those
+    before its rolling batch), else a content type for each and a request id for each admitted."""
     outputs = Output()
+    refused_all = all("content_type" not in record for record in records)
     for i, record in enumerate(records):
         outputs.add(Output.binary_encode(record), key="data", batch_index=i)
-        outputs.add_property(f"batch_{i}_Content-Type", record["content_type"])
-        if "request_id" in record:
+        if refused_all:
+            continue
+        outputs.add_property(f"batch_{i}_Content-Type", record.get("content_type",
+                                                                   JSON_MEDIA_TYPE))
+        if "content_type" in record:
             outputs.add_property(f"batch_{i}_requestId", record["request_id"])
     return outputs
-

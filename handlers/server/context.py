@@ -22,7 +22,7 @@ OUTPUT_FORMATTERS = ("json", "jsonlines", "sse")
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str  # the generation model's; an embeddings-only server's embedding model's
-    output_formatter: str = "jsonlines"  # how `stream: true` is answered: json | jsonlines | sse
+    output_formatter: str | None = None  # json | jsonlines | sse; None: by `stream`, as DJL
     tgi_compat: bool = False
     max_request_size: int = 64 * 1024 * 1024  # bytes; DJL's default
     full_text_enabled: bool = False  # MindIE's streamed chat with the whole text in each chunk
@@ -35,7 +35,7 @@ class ServerSettings:
     job_queue_size: int = 1000  # client requests held at once
 
     def __post_init__(self) -> None:
-        if self.output_formatter not in OUTPUT_FORMATTERS:
+        if self.output_formatter not in (None, *OUTPUT_FORMATTERS):
             raise ValueError(
                 f"option.output_formatter must be one of {', '.join(OUTPUT_FORMATTERS)}; "
                 f"got {self.output_formatter!r}"

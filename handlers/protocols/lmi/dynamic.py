@@ -2,10 +2,12 @@
 
 The body is `{"inputs": str | [str, ...], "parameters": {...}}`; the answer is a list with one
 `{"generated_text": ...}` per input, in input order (a single string is answered with a list of
-one, as DJL slices its batch predictions). `details` and the body's `stream` have no effect, as
-in DJL: details belong to rolling batch, and only `option.enable_streaming` streams. A stream
-is jsonlines `{"outputs": [text, ...]}`, one entry per input, one line per engine step. Errors
-are DJL's handler failure `{"code": 424, "message": "invoke handler failure", "error": ...}`.
+one, as DJL slices its batch predictions). As in DJL, whose handler decodes each whole sequence,
+the text starts with the prompt unless `return_full_text` is false. `details` and the body's
+`stream` have no effect, as in DJL: details belong to rolling batch, and only
+`option.enable_streaming` streams. A stream is jsonlines `{"outputs": [text, ...]}`, one entry
+per input, one line per engine step. Errors are DJL's handler failure
+`{"code": 424, "message": "invoke handler failure", "error": ...}`.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def render_answer(folded: list[Folded], request: DynamicRequest) -> list[dict[st
         failure = acc.failure()
         if failure is not None:
             raise DynamicError(failure.message, failure.kind)
-    full = request.parameters.return_full_text
+    full = request.parameters.return_full_text is not False  # DJL's: the whole sequence
     return [
         {"generated_text": (prompt if full else "") + acc.sequences[0].text}
         for prompt, acc in zip(request.inputs, folded, strict=True)

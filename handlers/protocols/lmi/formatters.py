@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any
 
 from handlers.engine.types import RequestOutput, Token, TopToken
-from handlers.protocols.lmi.errors import LmiFailure
+from handlers.protocols.lmi.errors import LmiError, LmiFailure
 from handlers.protocols.lmi.request import LmiRequest
 from handlers.protocols.outputs import FAILED, Event, Folded, FoldedSequence, output_failure
 
@@ -24,13 +24,26 @@ class StreamStyle(Enum):
     TGI = "tgi"  # SSE with TGI's token keys and always-present generated_text / details
 
 
-def stream_style(output_formatter: str, tgi_compat: bool) -> StreamStyle | None:
-    """How `stream: true` is answered; None: not streamed (`option.output_formatter=json`)."""
+def stream_style(output_formatter: str | None, tgi_compat: bool, stream: bool
+                 ) -> StreamStyle | None:
+    """How a request is answered, by DJL's rule (djl_python.output_formatter): a configured
+    formatter applies to every request, streamed or not (`json`: one object); unset, `stream:
+    true` streams jsonlines, or SSE in TGI's shape under tgi_compat. None: not streamed."""
+    if output_formatter == "json" or (output_formatter is None and not stream):
+        return None
     if tgi_compat:
         return StreamStyle.TGI
-    if output_formatter == "json":
-        return None
     return StreamStyle.SSE if output_formatter == "sse" else StreamStyle.JSONLINES
+
+
+def answer_style(request: LmiRequest, output_formatter: str | None, tgi_compat: bool
+                 ) -> StreamStyle | None:
+    """`stream_style` for a parsed request; LmiError when it asks for several sequences and
+    would be streamed (a stream carries one)."""
+    style = stream_style(output_formatter, tgi_compat, request.stream)
+    if style is not None and request.parameters.num_sequences > 1:
+        raise LmiError("parameters.n: n and best_of > 1 are not supported with streaming")
+    return style
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,7 @@ class RenderOptions:
             details=tgi_compat if p.details is None else p.details,  # DJL's default
             prefill=p.wants_prefill,
             top_tokens=p.top_logprobs > 0,
-            return_full_text=p.return_full_text,
+            return_full_text=bool(p.return_full_text),
             tgi=tgi_compat,
             n=p.returned_sequences,
         )

@@ -53,7 +53,9 @@ class LmiParameters(BaseModel):
     decoder_input_details: bool = False
     prompt_logprobs: int | None = Field(None, ge=0)
     details: bool | None = None  # None: on under tgi_compat, as in DJL
-    return_full_text: bool = False
+    # None: rolling batch answers the generation alone; dynamic batching, as DJL's handler
+    # (which decodes the whole sequence), the prompt and the generation.
+    return_full_text: bool | None = None
 
     @property
     def wants_prefill(self) -> bool:
@@ -90,8 +92,6 @@ def _check_combinations(request: LmiRequest) -> None:
         raise LmiError("parameters.num_beams: beam search is not supported; use best_of or n")
     if p.n is not None and p.best_of is not None and p.best_of < p.n:
         raise LmiError(f"parameters.best_of: must be >= n (got best_of={p.best_of}, n={p.n})")
-    if request.stream and p.num_sequences > 1:
-        raise LmiError("parameters.n: n and best_of > 1 are not supported with streaming")
 
 
 def wants_sampling(p: LmiParameters) -> bool:

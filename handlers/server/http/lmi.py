@@ -20,11 +20,11 @@ from handlers.protocols.lmi import (
     LmiError,
     RenderOptions,
     StreamRenderer,
+    answer_style,
     early_failure,
     generation_error,
     parse_lmi_request,
     render_json,
-    stream_style,
     to_generation_request,
 )
 from handlers.protocols.lmi.dynamic import (
@@ -79,11 +79,11 @@ async def _rolling(ctx: ServerContext, request: Request, body: Any, rid: str) ->
         raise LmiError(f"{exc.field}: {exc.message}") from None
     settings = ctx.settings
     opts = RenderOptions.for_request(lmi, settings.tgi_compat)
-    style = stream_style(settings.output_formatter, settings.tgi_compat)
+    style = answer_style(lmi, settings.output_formatter, settings.tgi_compat)
     log.info("[RequestId=%s] LMI request %s, stream=%s", rid, gen.request_id, lmi.stream)
     generation = ctx.generation(engine, [gen])
     watch = disconnect_watch(request)
-    if lmi.stream and style is not None:
+    if style is not None:
         renderer = StreamRenderer(opts, style)
         pairs = await first(generation, lambda pairs: pairs, watch)
         if (failed := early_failure(pairs[0][1])) is not None:
