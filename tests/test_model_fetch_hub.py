@@ -6,7 +6,10 @@ error naming the id for a missing repo or revision, or when nothing is cached.""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +143,16 @@ def test_the_server_serves_a_model_from_the_hub(standin, tmp_path):
     assert models == ["tiny-llama"]
     assert answer.status_code == 200 and answer.json()["generated_text"]
     assert f"fetching {REPO}" in (tmp_path / "server.log").read_text()
+
+
+@pytest.mark.e2e
+def test_a_missing_hub_id_stops_startup_naming_it(standin, tmp_path):
+    env = {"HF_ENDPOINT": standin.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+    argv = [sys.executable, "-m", "handlers.cli", "--port", str(free_port()), "--grpc-port", "0",
+            "--option", "option.model_id=org/no-such-model",
+            "--option", "option.embedding_model_id=none"]
+    done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    assert "option.model_id org/no-such-model: the Hugging Face Hub has no such model" in (
+        done.stderr)
