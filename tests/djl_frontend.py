@@ -10,7 +10,9 @@ Java server cannot run here. `djl_python` itself is the real package.
   and a `code` appends `{"code", "error"}` instead, setting the status only while nothing was
   sent. Requests whose record was `last` leave the batch. A call answered with a status other
   than 200, or with a record count other than the batch's, fails every active request and
-  asks the handler to reset its batch on the next call (`reset_rollingbatch`).
+  asks the handler to reset its batch on the next call (`reset_rollingbatch`). An exception
+  from `handle()` reaches Java as DJL's Python engine answers it (python_sync_engine.py): 507
+  when memory ran out, else `Output().error` (424).
 - `predict_batch` (PyPredictor.batchPredict): one request is sent as it is; several go in one
   batch Input, whose answer is split by its `batch_<i>.<key>` content keys, all with the
   batch's status and properties.
@@ -102,7 +104,7 @@ class RollingBatchFrontEnd:
         extra = {"reset_rollingbatch": "true"} if self._reset else {}
         self._reset = False
         batch = _batch_input(items, extra)
-        output = self.handle(batch)
+        output = _call(self.handle, batch)
         self.calls.append(Call(batch, output))
         if output.code != 200 or output.content.size() != len(items):
             self._fail_all(output.code)
@@ -131,6 +133,15 @@ class RollingBatchFrontEnd:
                                         ).encode()
         self.active = []
         self._reset = True
+
+
+def _call(handle: Handle, batch: Input) -> Output:
+    try:
+        return handle(batch)
+    except Exception as exc:
+        if type(exc).__name__ in ("OutOfMemoryError", "MemoryError"):
+            return Output(code=507, message=str(exc))
+        return Output().error(str(exc))
 
 
 def _apply(response: Response, record: dict[str, str]) -> None:

@@ -279,6 +279,36 @@ def test_a_reset_from_djl_frees_the_running_requests(tiny_dir, tmp_path):
     assert not engine.has_work
 
 
+def test_a_batch_djl_and_the_entry_disagree_on_fails_then_serving_goes_on(tiny_dir, tmp_path):
+    """handle() raises; DJL answers 424 to everyone in the batch and asks for a reset."""
+    front = RollingBatchFrontEnd(rolling(tiny_dir, tmp_path / "model").inference)
+    kept = front.submit(lmi(PROMPTS[0], 20), "kept")
+    front.submit(lmi(PROMPTS[1], 20), "dropped")
+    front.step()
+    front.active.pop()  # Java lost a running request without a reset: one entry short
+    front.step()
+    after = front.submit(lmi(PROMPTS[2], 4), "after")
+    front.run()
+
+    assert (kept.status, kept.last) == (424, True)
+    assert "Batch inference failed" in kept.body.decode()
+    assert front.calls[1].output.code == 424  # the call that raised
+    assert front.calls[2].batch.properties["reset_rollingbatch"] == "true"
+    assert after.status == 200 and json.loads(after.body)["generated_text"]
+    assert not entry._service.driver.engine.has_work
+
+
+def test_option_environment_variables_reach_the_entry(tiny_dir, tmp_path, monkeypatch):
+    """DJL folds OPTION_* variables into the model's properties (TestHandler does as Java)."""
+    monkeypatch.setenv("OPTION_OUTPUT_FORMATTER", "sse")
+    front = RollingBatchFrontEnd(rolling(tiny_dir, tmp_path / "model").inference)
+    response = front.submit(lmi(PROMPTS[0], 3), "a")
+    front.run()
+
+    assert response.headers["Content-Type"] == "text/event-stream"
+    assert response.body.startswith(b"data: {")
+
+
 # -- dynamic batch, against DJL's own handler ----------------------------------------------------
 
 
