@@ -23,16 +23,16 @@ from djl_python.outputs import Output
 
 from handlers.djl.inputs import request_body
 from handlers.engine.base import Pair, SteppableEngine
-from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.engine.types import GenerationRequest
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.lmi.dynamic import (
     DynamicError,
     DynamicRequest,
     StreamLines,
-    input_field,
     parse_dynamic_request,
     render_answer,
     to_generation_requests,
+    validate_inputs,
 )
 from handlers.protocols.outputs import Event, Folded
 from handlers.server.framing import JSON_MEDIA_TYPE, JSONLINES_MEDIA_TYPE
@@ -90,20 +90,12 @@ class DynamicBatchDriver:
         try:
             request = parse_dynamic_request(request_body(item))
             gens = to_generation_requests(request)
-            for index, gen in enumerate(gens):
-                self._validate(request, index, gen)
+            validate_inputs(request, gens, self.engine.validate)
         except ProtocolError as exc:  # a body that is not JSON is refused in LMI's terms
             log.info("[RequestId=%s] invalid request: %s", item.get_property("requestId"),
                      exc.message)
             return _Item(error=DynamicError(exc.message, exc.kind))
         return _Item(request, gens, [Folded() for _ in gens])
-
-    def _validate(self, request: DynamicRequest, index: int, gen: GenerationRequest) -> None:
-        try:
-            self.engine.validate(gen)
-        except RequestValidationError as exc:
-            where = input_field(request, index) if exc.field == "inputs" else exc.field
-            raise DynamicError(f"{where}: {exc.message}") from None
 
     def _run(self, items: list[_Item]) -> None:
         """Run every prompt of the batch to completion, together."""

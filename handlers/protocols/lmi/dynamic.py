@@ -12,11 +12,12 @@ per input, one line per engine step. Errors are DJL's handler failure
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from handlers.engine.types import GenerationRequest, RequestOutput
+from handlers.engine.types import GenerationRequest, RequestOutput, RequestValidationError
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.errors import GenerationError, ProtocolError
 from handlers.protocols.lmi.request import NOT_AN_OBJECT, LmiParameters, to_sampling_params
@@ -75,9 +76,18 @@ def to_generation_requests(request: DynamicRequest) -> list[GenerationRequest]:
     ]
 
 
-def input_field(request: DynamicRequest, index: int) -> str:
-    """How errors name one input: `inputs`, or `inputs.2` within a list (pydantic's style)."""
-    return "inputs" if len(request.inputs) == 1 else f"inputs.{index}"
+def validate_inputs(request: DynamicRequest, gens: list[GenerationRequest],
+                    check: Callable[[GenerationRequest], None]) -> None:
+    """The engine's `check` on each input's request; DynamicError naming the input as pydantic
+    would (`inputs`, or `inputs.2` within a list) or the parameter."""
+    for index, gen in enumerate(gens):
+        try:
+            check(gen)
+        except RequestValidationError as exc:
+            where = exc.field
+            if where == "inputs" and len(request.inputs) > 1:
+                where = f"inputs.{index}"
+            raise DynamicError(f"{where}: {exc.message}") from None
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:

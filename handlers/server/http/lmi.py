@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 
 from handlers.engine.base import Engine, Pair
-from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.engine.types import RequestValidationError
 from handlers.protocols.errors import GenerationError
 from handlers.protocols.lmi import (
     LmiError,
@@ -29,12 +29,11 @@ from handlers.protocols.lmi import (
 )
 from handlers.protocols.lmi.dynamic import (
     DynamicError,
-    DynamicRequest,
     StreamLines,
-    input_field,
     parse_dynamic_request,
     render_answer,
     to_generation_requests,
+    validate_inputs,
 )
 from handlers.protocols.outputs import Event, Folded
 from handlers.server.context import ServerContext
@@ -115,7 +114,7 @@ async def _token_events(renderer: StreamRenderer, pairs: list[Pair], generation:
 async def _dynamic(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
     parsed = parse_dynamic_request(body)
     gens = to_generation_requests(parsed)
-    _validate(ctx.generator.engine, parsed, gens)
+    validate_inputs(parsed, gens, ctx.generator.engine.validate)
     log.info("[RequestId=%s] dynamic-batch request with %d inputs", rid, len(gens))
     generation = ctx.generation(ctx.generator.engine, gens)
     watch = disconnect_watch(request)
@@ -124,15 +123,6 @@ async def _dynamic(ctx: ServerContext, request: Request, body: Any, rid: str) ->
     folded = [Folded() for _ in gens]
     await collect(generation, lambda pairs: [folded[i].add(out) for i, out in pairs], watch)
     return Reply(200, render_answer(folded, parsed))
-
-
-def _validate(engine: Engine, parsed: DynamicRequest, gens: list[GenerationRequest]) -> None:
-    for index, gen in enumerate(gens):
-        try:
-            engine.validate(gen)
-        except RequestValidationError as exc:
-            where = input_field(parsed, index) if exc.field == "inputs" else exc.field
-            raise DynamicError(f"{where}: {exc.message}") from None
 
 
 async def _dynamic_stream(generation: Generation, inputs: int, watch: Watch, rid: str
