@@ -43,7 +43,7 @@ from handlers.server.status import LMI_HTTP
 log = logging.getLogger(__name__)
 
 # DJL's prefix for a request its input parser refuses (djl_python.input_parser).
-PARSE_FAILED = "Input Parsing failed. Ensure that the request payload is valid. "
+_PARSE_FAILED = "Input Parsing failed. Ensure that the request payload is valid. "
 # What DJL's Python engine answers 507 for (djl_python.python_sync_engine).
 _OUT_OF_MEMORY = ("OutOfMemoryError", "MemoryError")
 
@@ -134,7 +134,7 @@ class RollingBatchDriver:
             gen = to_generation_request(lmi)
             self.engine.validate(gen)
         except LmiError as exc:
-            req.refusal = PARSE_FAILED + exc.message
+            req.refusal = _PARSE_FAILED + exc.message
         except RequestValidationError as exc:
             req.refusal = f"{exc.field}: {exc.message}"
         if req.refusal is not None:
