@@ -246,3 +246,28 @@ async def test_a_failing_request_fails_alone(engine, loaded, monkeypatch):
     assert good[0]["finish"] == FinishReason.LENGTH
     assert good[0]["ids"] == hf_greedy(loaded, PROMPTS[1], 10)
     assert engine.batcher.running == 0
+
+
+def test_stepped_by_its_caller_one_token_per_sequence_per_step(loaded):
+    """The DJL entry's use: add() (tokenizing what was not validated) and step() in the caller's
+    thread; each step gives every running sequence one token, as vLLM's steps give DJL."""
+    stepped = TorchEngine(loaded, max_batch_size=4)
+    requests = [GenerationRequest(prompt=p, params=SamplingParams(max_new_tokens=6,
+                                                                  ignore_eos=True))
+                for p in PROMPTS[:3]]
+    stepped.add(requests[0])
+    first = stepped.step()
+    stepped.add(requests[1])
+    stepped.add(requests[2])
+    steps = [first]
+    while stepped.has_work:
+        steps.append(stepped.step())
+
+    ids: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    for outputs in steps:
+        for out in outputs:
+            [seq] = out.outputs
+            assert len(seq.tokens) == 1  # never two tokens in one step
+            ids[out.request_id] += [t.id for t in seq.tokens]
+    assert [ids[r.request_id] for r in requests] == [hf_greedy(loaded, p, 6) for p in PROMPTS[:3]]
+    assert len(steps) == 7  # request 0: steps 1-6; requests 1 and 2 join at step 2, end at 7

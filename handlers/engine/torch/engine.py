@@ -141,6 +141,8 @@ class TorchEngine:
     # -- stepping from the caller's thread (SteppableEngine) --------------------------------------
 
     def add(self, request: GenerationRequest) -> None:
+        if request.prompt_token_ids is None:  # as generate(): never an untokenized prompt
+            self.validate(request)
         self.batcher.add(request)
 
     def step(self) -> list[RequestOutput]:
