@@ -7,17 +7,24 @@ the most likely). Markers in the prompt script the rest (they are not echoed):
 - `[[invalid]]`: `validate` raises RequestValidationError("inputs", ...);
 - `[[eos:K]]`: after K tokens, an EOS special token (text "") ends the sequence (eos_token);
 - `[[error:K]]`: after K tokens, the sequence finishes with FinishReason.ERROR;
-- `[[raise:K]]`: after K tokens, the output iterator raises RuntimeError.
+- `[[raise:K]]`: after K tokens, the output iterator raises RuntimeError;
+- `[[stall:K]]`: after K tokens, the request stalls: no further step until it is aborted.
+
+Tests wait on the engine's events, not on the clock: `until(check)` returns once `check()` holds,
+re-checked whenever a request arrives, yields, finishes or is aborted; `generated` counts each
+request's tokens. `on_fake_clock` runs a coroutine on an event loop whose clock only moves when
+every task waits on a timer, so code that reads time through its loop can be tested exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import selectors
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 
@@ -37,6 +44,9 @@ from handlers.engine.types import (
 EOS_ID = 2
 ALT_ID = 1000  # top-token alternatives are ids ALT_ID + 1, ALT_ID + 2, ...
 MARKER = re.compile(r"\[\[(\w+)(?::(\d+))?\]\]")
+HANG_GUARD_S = 60.0  # how long a test waits on an event before failing, against hanging forever
+
+T = TypeVar("T")
 
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }}\n{% endfor %}"
@@ -94,6 +104,8 @@ class FakeEngine:
     requests: list[GenerationRequest] = field(default_factory=list)  # every generate() call
     aborted: list[str] = field(default_factory=list)  # ids closed or aborted before finishing
     finished: list[str] = field(default_factory=list)  # ids that ran to their end
+    generated: dict[str, int] = field(default_factory=dict)  # id -> tokens yielded, all sequences
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def health(self) -> bool:
         return self.ready
@@ -111,12 +123,16 @@ class FakeEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         self.requests.append(request)
+        self.generated[request.request_id] = 0
+        self._changed.set()
         finished = False
         try:
             async for output in self._run(request):
                 finished = output.finished
                 if finished:
                     self.finished.append(request.request_id)
+                self.generated[request.request_id] += sum(len(s.tokens) for s in output.outputs)
+                self._changed.set()
                 yield output
         finally:
             if not finished:
@@ -126,6 +142,15 @@ class FakeEngine:
         await asyncio.sleep(0)  # as in a real engine, aborting awaits (a lock, a queue...)
         if request_id not in self.aborted:
             self.aborted.append(request_id)
+        self._changed.set()
+
+    async def until(self, check: Callable[[], bool], guard: float = HANG_GUARD_S) -> None:
+        """Return once `check()` holds, re-checked each time a request arrives, yields an output,
+        or is aborted: an event, not a poll. `guard` only keeps a broken test from hanging."""
+        async with asyncio.timeout(guard):
+            while not check():
+                self._changed.clear()
+                await self._changed.wait()
 
     def stats(self) -> dict[str, int]:
         running = len(self.requests) - len(self.finished) - len(self.aborted)
@@ -146,6 +171,8 @@ class FakeEngine:
         prompt_logprobs = self._prompt_logprobs(request) if params.prompt_logprobs else None
         while not all(s.done for s in seqs):
             await asyncio.sleep(self.token_delay)
+            if "stall" in marks and seqs[0].count >= marks["stall"]:
+                await asyncio.Event().wait()  # until the request is cancelled
             if "raise" in marks and seqs[0].count >= marks["raise"]:
                 raise RuntimeError(f"scripted failure after {seqs[0].count} tokens")
             outputs = [s.step(self, params, marks) for s in seqs if not s.done]
@@ -215,6 +242,37 @@ def _top(token_id: int, text: str, logprob: float, k: int) -> list[TopToken]:
         return []
     alternatives = [TopToken(ALT_ID + j, f" alt{j}", logprob - j) for j in range(1, k)]
     return [TopToken(token_id, text, logprob), *alternatives]
+
+
+class FakeClockLoop(asyncio.SelectorEventLoop):
+    """An event loop on a fake clock that starts at 0: time stands still while any callback is
+    ready or any I/O is pending, and jumps straight to the next timer when the loop would
+    otherwise sleep (trio's autojump clock). Timers (sleep, wait_for, timeout) fire in their
+    order and at their exact time however loaded the machine. For code without threads."""
+
+    def __init__(self) -> None:
+        self._selector_clock = _JumpingSelector()
+        super().__init__(self._selector_clock)
+
+    def time(self) -> float:
+        return self._selector_clock.now
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    now = 0.0
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
+        if ready or timeout is None or timeout <= 0:
+            return ready if ready or timeout is not None else super().select(None)
+        self.now += timeout  # the loop would sleep until its next timer: be there at once
+        return []
+
+
+def on_fake_clock(main: Coroutine[Any, Any, T]) -> T:
+    """Run `main` to its end on a FakeClockLoop; its value."""
+    with asyncio.Runner(loop_factory=FakeClockLoop) as runner:
+        return runner.run(main)
 
 
 @dataclass

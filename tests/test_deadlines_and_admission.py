@@ -35,11 +35,12 @@ async def test_a_request_past_its_deadline_is_answered_408_and_aborted():
 
 
 async def test_a_stream_past_its_deadline_ends_with_the_error_line():
-    engine = FakeEngine(token_delay=0.01)
+    engine = FakeEngine()
+    stalls = {**SLOW, "inputs": "a b [[stall:3]]", "stream": True}  # 3 tokens, then no more
     async with client(engine, predict_timeout=0.05) as http:
-        response = await http.post("/invocations", json={**SLOW, "stream": True})
+        response = await http.post("/invocations", json=stalls)
     lines = [orjson.loads(line) for line in response.text.splitlines()]
-    assert response.status_code == 200 and len(lines) > 1
+    assert response.status_code == 200 and len(lines) == 3 + 1  # the tokens, then the error
     assert lines[-1]["details"]["finish_reason"] == "error"
     assert all(line["token"]["id"] != -1 for line in lines[:-1])
     assert engine.aborted == [engine.requests[0].request_id]
@@ -62,8 +63,7 @@ async def test_a_request_over_job_queue_size_is_refused_at_once_with_retry_after
     engine = FakeEngine(token_delay=0.05)
     async with client(engine, job_queue_size=1) as http:
         held = asyncio.create_task(http.post("/invocations", json=SLOW))
-        while not engine.requests:
-            await asyncio.sleep(0.01)
+        await engine.until(lambda: bool(engine.requests))
         refused = await http.post(path, json=body)
         held.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -4,7 +4,6 @@ dynamic-batch schema's pure functions, and its routes (tests/fakes.py scripts th
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,7 @@ import httpx
 import orjson
 import pytest
 import uvicorn
-from fakes import FakeEngine, served_app
+from fakes import HANG_GUARD_S, FakeEngine, on_fake_clock, served_app
 from tiny_model import make_tiny_model_dir
 
 from handlers.engine.dynamic_batch import DynamicBatcher
@@ -35,15 +34,24 @@ from handlers.server.status import LMI_HTTP
 
 @dataclass
 class RecordingEngine(FakeEngine):
-    """Records when the engine started and finished each prompt."""
+    """Records the order in which the engine started and finished each prompt, and when (on the
+    event loop's clock: run on `on_fake_clock`, the times are exact)."""
 
     events: list[tuple[str, str]] = field(default_factory=list)
+    times: dict[tuple[str, str], float] = field(default_factory=dict)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
-        self.events.append(("start", request.prompt))
+        self._record("start", request.prompt)
         async for output in super().generate(request):
             yield output
-        self.events.append(("end", request.prompt))
+        self._record("end", request.prompt)
+
+    def _record(self, kind: str, prompt: str) -> None:
+        self.events.append((kind, prompt))
+        self.times[kind, prompt] = asyncio.get_running_loop().time()
+
+    def started(self, *prompts: str) -> list[float]:
+        return [self.times["start", p] for p in prompts]
 
 
 def req(prompt: str, max_new_tokens: int = 3) -> GenerationRequest:
@@ -62,39 +70,55 @@ async def texts(batcher: DynamicBatcher, requests: list[GenerationRequest]) -> l
 # --- the batcher ----------------------------------------------------------------------------
 
 
-async def test_batches_close_at_batch_size_and_run_one_after_the_other():
+# These run on a fake clock (tests/fakes.py): it stands still while the batcher has work and
+# jumps to the next timer when all wait, so when a batch started is exact, not a window.
+
+
+def test_batches_close_at_batch_size_and_run_one_after_the_other():
     engine = RecordingEngine(token_delay=0.01)
     batcher = DynamicBatcher(engine, batch_size=4, max_batch_delay_ms=60_000)
     prompts = [f"p{i}" for i in range(8)]
-    async with asyncio.timeout(5):  # a batch that waited for its delay would time out here
+
+    async def main() -> None:
         await asyncio.gather(*(texts(batcher, [req(p)]) for p in prompts))
+
+    on_fake_clock(main())
     kinds = [kind for kind, _ in engine.events]
     assert kinds == ["start"] * 4 + ["end"] * 4 + ["start"] * 4 + ["end"] * 4
-    assert {p for _, p in engine.events[:4]} == set(prompts[:4])
+    first, second = [p for _, p in engine.events[:4]], [p for _, p in engine.events[8:12]]
+    assert set(first) == set(prompts[:4])
+    # Neither batch waited for the 60 s delay: the first started at once, the second the moment
+    # the first ended (3 steps of 0.01 s).
+    assert engine.started(*first) == [0.0] * 4
+    assert engine.started(*second) == [engine.times["end", first[-1]]] * 4
+    assert engine.times["end", first[-1]] == pytest.approx(0.03)
     stats = batcher.stats()
     assert (stats["dynamic_batches"], stats["dynamic_batch_requests"]) == (2, 8)
 
 
-async def test_a_batch_closes_after_max_batch_delay_with_fewer_requests():
+def test_a_batch_closes_after_max_batch_delay_with_fewer_requests():
     engine = RecordingEngine()
     batcher = DynamicBatcher(engine, batch_size=4, max_batch_delay_ms=200)
-    start = time.monotonic()
-    assert await texts(batcher, [req("a b")]) == [" a b a"]
-    assert 0.2 <= time.monotonic() - start < 1.0
+    assert on_fake_clock(texts(batcher, [req("a b")])) == [" a b a"]
+    assert engine.started("a b") == [pytest.approx(0.2)]  # not before the delay, nor later
     assert batcher.stats()["dynamic_batches"] == 1
 
 
-async def test_a_list_input_is_one_request_and_keeps_input_order():
+def test_a_list_input_is_one_request_and_keeps_input_order():
     engine = RecordingEngine()
     batcher = DynamicBatcher(engine, batch_size=2, max_batch_delay_ms=60_000)
-    async with asyncio.timeout(5):
-        listed, single = await asyncio.gather(
+
+    async def main() -> tuple[list[str], list[str]]:
+        return await asyncio.gather(
             texts(batcher, [req("a b", 2), req("c d e", 3), req("f", 1)]),
             texts(batcher, [req("g h", 2)]),
         )
+
+    listed, single = on_fake_clock(main())
     assert listed == [" a b", " c d e", " f"]
     assert single == [" g h"]
     assert batcher.stats()["dynamic_batches"] == 1
+    assert engine.started("a b", "c d e", "f", "g h") == [0.0] * 4  # 2 jobs: no 60 s delay
 
 
 async def test_requests_in_one_batch_keep_their_own_parameters():
@@ -117,31 +141,38 @@ async def test_a_failing_request_fails_only_itself():
     assert isinstance(results[1], RuntimeError) and "scripted failure" in str(results[1])
 
 
-async def test_a_request_closed_while_queued_never_runs_nor_counts():
+def test_a_request_closed_while_queued_never_runs_nor_counts():
     engine = RecordingEngine()
     batcher = DynamicBatcher(engine, batch_size=2, max_batch_delay_ms=60_000)
-    gone = batcher.submit([req("gone")])
-    assert batcher.stats()["waiting_requests"] == 1
-    await gone.aclose()
-    assert batcher.stats()["waiting_requests"] == 0
-    async with asyncio.timeout(5):
-        results = await asyncio.gather(texts(batcher, [req("a")]), texts(batcher, [req("b")]))
-    assert results == [[" a a a"], [" b b b"]]
+
+    async def main() -> list[list[str]]:
+        gone = batcher.submit([req("gone")])
+        assert batcher.stats()["waiting_requests"] == 1
+        await gone.aclose()
+        assert batcher.stats()["waiting_requests"] == 0
+        return await asyncio.gather(texts(batcher, [req("a")]), texts(batcher, [req("b")]))
+
+    assert on_fake_clock(main()) == [[" a a a"], [" b b b"]]
     assert "gone" not in [p for _, p in engine.events]
+    assert engine.started("a", "b") == [0.0, 0.0]  # "a" and "b" filled the batch: no delay
     assert batcher.stats()["dynamic_batch_requests"] == 2
 
 
-async def test_aborting_a_running_request_frees_the_batch_for_the_next():
-    engine = FakeEngine(token_delay=0.01)
+def test_aborting_a_running_request_frees_the_batch_for_the_next():
+    engine = RecordingEngine(token_delay=0.01)
     batcher = DynamicBatcher(engine, batch_size=1, max_batch_delay_ms=0)
-    request = req("a b", max_new_tokens=100_000)
-    stream = batcher.generate(request)
-    await anext(stream)
-    await stream.aclose()
-    await batcher.abort(request.request_id)
-    async with asyncio.timeout(2):
-        assert await texts(batcher, [req("c", 2)]) == [" c c"]
-    assert request.request_id in engine.aborted
+    request = req("a b", max_new_tokens=100_000)  # 1000 s of steps, were it not aborted
+
+    async def main() -> list[str]:
+        stream = batcher.generate(request)
+        await anext(stream)
+        await stream.aclose()
+        await batcher.abort(request.request_id)
+        return await texts(batcher, [req("c", 2)])
+
+    assert on_fake_clock(main()) == [" c c"]
+    assert request.request_id in engine.aborted and engine.generated[request.request_id] == 1
+    assert engine.started("c") == [pytest.approx(0.01)]  # right after the aborted one's 1 step
 
 
 async def test_the_torch_engine_runs_each_batch_together_and_alone(tmp_path):
@@ -156,7 +187,7 @@ async def test_the_torch_engine_runs_each_batch_together_and_alone(tmp_path):
         return {engine.stats()["running_requests"] async for _ in batcher.submit([request])}
 
     try:
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(HANG_GUARD_S):  # against a hang only: no verdict on time
             seen = await asyncio.gather(*(running_per_step(i) for i in range(8)))
     finally:
         await batcher.shutdown()
@@ -319,12 +350,14 @@ async def test_a_client_that_disconnects_is_aborted_and_frees_the_batch(live):
     long = {"inputs": "a b", "parameters": {"max_new_tokens": 100_000}}
     async with httpx.AsyncClient(base_url=url) as client:
         pending = asyncio.create_task(client.post("/invocations", json=long))
-        while not engine.requests:
-            await asyncio.sleep(0.01)
+        await engine.until(lambda: bool(engine.requests))
         pending.cancel()
         with pytest.raises(asyncio.CancelledError):
             await pending
-        async with asyncio.timeout(3):  # batch_size=1: this runs only once the first is gone
+        first = engine.requests[0].request_id
+        await engine.until(lambda: first in engine.aborted)  # the disconnect reached the engine
+        # batch_size=1: this runs only once the first is gone (else after its 1000 s of steps)
+        async with asyncio.timeout(HANG_GUARD_S):  # against a hang only
             response = await client.post("/invocations", json={"inputs": "c"})  # 30 tokens
     assert response.status_code == 200
-    assert engine.requests[0].request_id in engine.aborted
+    assert engine.generated[first] < 100_000 and len(engine.requests) == 2

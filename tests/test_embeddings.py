@@ -154,7 +154,9 @@ async def test_concurrent_calls_share_one_forward_pass_and_get_their_own_vectors
     loaded: EmbeddingModel, reference: tuple[AutoModel, AutoTokenizer]
 ) -> None:
     requests = [["one"], ["two", "three"], ["four"], ["five", "six", "seven"], ["eight"]]
-    engine = EmbeddingEngine(loaded, max_batch_size=8, max_batch_delay=1.0)
+    # The delay is out of reach: the batch closes because its 8 inputs filled it, however slow
+    # the machine is to queue them.
+    engine = EmbeddingEngine(loaded, max_batch_size=8, max_batch_delay=600.0)
     engine.start()
     try:
         results = await asyncio.gather(*(engine.embed(texts) for texts in requests))
@@ -182,7 +184,7 @@ async def test_batches_hold_at_most_max_batch_size_inputs(loaded: EmbeddingModel
 
 
 async def test_a_bad_request_does_not_fail_the_others_in_its_batch(loaded: EmbeddingModel) -> None:
-    engine = EmbeddingEngine(loaded, max_batch_size=3, max_batch_delay=1.0)
+    engine = EmbeddingEngine(loaded, max_batch_size=3, max_batch_delay=600.0)  # closes when full
     engine.start()
     try:
         good, bad, other = await asyncio.gather(

@@ -197,14 +197,6 @@ async def fake_url() -> AsyncIterator[tuple[FakeEngine, str]]:
     await task
 
 
-async def eventually(check, timeout: float = 3.0) -> bool:
-    for _ in range(int(timeout / 0.02)):
-        if check():
-            return True
-        await asyncio.sleep(0.02)
-    return check()
-
-
 async def test_hanging_up_a_stream_aborts_every_prompt(fake_url):
     engine, base = fake_url
     body = {"prompt": ["a b", "c d"], "max_tokens": 50, "stream": True}
@@ -214,20 +206,22 @@ async def test_hanging_up_a_stream_aborts_every_prompt(fake_url):
         await stream.close()
     assert first.choices[0].text in (" a", " c")
     ids = {r.request_id for r in engine.requests}
-    assert len(ids) == 2 and await eventually(lambda: ids <= set(engine.aborted))
+    assert len(ids) == 2
+    await engine.until(lambda: ids <= set(engine.aborted))  # both prompts, not just the one read
 
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_hanging_up_before_the_answer_aborts(fake_url, stream):
     engine, base = fake_url
-    engine.token_delay = 0.5
+    content = "a b [[stall:0]]"  # the engine yields nothing: only the hang-up can end it
     async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
         pending = asyncio.create_task(client.chat.completions.create(
-            model="fake-model", messages=[{"role": "user", "content": "a b"}], max_tokens=50,
+            model="fake-model", messages=[{"role": "user", "content": content}], max_tokens=50,
             stream=stream))
-        assert await eventually(lambda: bool(engine.requests))
+        await engine.until(lambda: bool(engine.requests))
         pending.cancel()
         with pytest.raises(asyncio.CancelledError):
             await pending
     rid = engine.requests[-1].request_id
-    assert await eventually(lambda: rid in engine.aborted, timeout=0.5)
+    await engine.until(lambda: rid in engine.aborted)
+    assert engine.generated[rid] == 0  # aborted before any token

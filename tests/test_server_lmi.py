@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import orjson
@@ -420,14 +420,6 @@ async def live_url(engine: FakeEngine) -> AsyncIterator[str]:
     await task
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 3.0) -> bool:
-    for _ in range(int(timeout / 0.02)):
-        if check():
-            return True
-        await asyncio.sleep(0.02)
-    return check()
-
-
 LONG = {"inputs": "a b", "parameters": {"max_new_tokens": 1000}}
 
 
@@ -440,20 +432,22 @@ async def test_disconnect_mid_stream_aborts_the_request(engine, live_url):
         await response.aclose()  # hang up mid-stream
     assert orjson.loads(first)["token"]["text"] == " a"
     rid = engine.requests[-1].request_id
-    assert await eventually(lambda: rid in engine.aborted)
+    await engine.until(lambda: rid in engine.aborted)
+    assert engine.generated[rid] < 1000  # it did not run to its end
 
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_disconnect_before_the_first_token_aborts(engine, live_url, stream):
-    engine.token_delay = 1.0
+    body = {**LONG, "inputs": "a b [[stall:0]]", "stream": stream}  # no token, ever
     async with httpx.AsyncClient(base_url=live_url) as client:
-        pending = asyncio.create_task(client.post("/invocations", json={**LONG, "stream": stream}))
-        assert await eventually(lambda: bool(engine.requests))
+        pending = asyncio.create_task(client.post("/invocations", json=body))
+        await engine.until(lambda: bool(engine.requests))
         pending.cancel()
         with pytest.raises(asyncio.CancelledError):
             await pending
     rid = engine.requests[-1].request_id
-    assert await eventually(lambda: rid in engine.aborted, timeout=0.5)  # before any token
+    await engine.until(lambda: rid in engine.aborted)
+    assert engine.generated[rid] == 0  # aborted before any token
 
 
 async def test_metrics_expose_the_engine_counters():

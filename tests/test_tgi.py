@@ -210,8 +210,7 @@ async def test_an_overloaded_server_answers_429_and_the_stream_an_event():
                                  base_url="http://t") as http:
         held = asyncio.create_task(http.post("/generate", json={
             "inputs": "a", "parameters": {"max_new_tokens": 50}}))
-        while not engine.requests:
-            await asyncio.sleep(0.01)
+        await engine.until(lambda: bool(engine.requests))
         refused = await http.post("/generate", json={"inputs": "b"})
         stream = await http.post("/generate_stream", json={"inputs": "b"})
         held.cancel()
