@@ -327,11 +327,15 @@ GROUPS: list[tuple[str, dict[str, Any], bool, list[Case]]] = [
 _ID = re.compile(rb"[0-9a-f]{32}")
 _TIMES = re.compile(rb'"(created|prefill_time|decode_time|queue_wait_time|seed)":[0-9.e-]+')
 _DECODE_TIMES = re.compile(rb'"decode_time_arr":\[[0-9.e,-]*\]')
+# /metrics: when series were created, and latencies (their sums and which bucket they fell in)
+_METRIC_TIMES = re.compile(rb"^(\S+(?:_created|_seconds_bucket|_seconds_sum)(?:\{.*\})?) \S+$",
+                           re.MULTILINE)
 
 
 def normalize(body: bytes) -> str:
     body = _ID.sub(b"<id>", body)
     body = _TIMES.sub(rb'"\1":0', body)
+    body = _METRIC_TIMES.sub(rb"\1 0", body)
     return _DECODE_TIMES.sub(b'"decode_time_arr":[]', body).decode("utf-8", "replace")
 
 

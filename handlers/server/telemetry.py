@@ -1,0 +1,339 @@
+"""What `GET /metrics` reports: one `Telemetry` per server context, on its own registry (never
+prometheus-client's global one: a process may hold several apps, as the tests do).
+
+Three sources feed it:
+- the generation driver, which sees every output of every protocol's engine requests: time to
+  first token, inter-token latency, end-to-end and queue time, tokens, finish reasons;
+- the HTTP middleware here (`RequestCounter`) and the gRPC interceptor: requests by protocol,
+  route template (never the raw path, so the series stay bounded) and status;
+- the engine's `stats()`, read at scrape time: running and waiting requests, KV-cache slots.
+
+Where vLLM has a metric for the same thing it is also exposed under vLLM's name and labels
+(`vllm:time_to_first_token_seconds{model_name,engine}`, ...) so that vLLM's dashboards and
+autoscalers work unchanged; LMI's own names carry a `model` label, as they always have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from handlers.engine.types import FinishReason, GenerationRequest, RequestOutput
+
+Stats = Callable[[], dict[str, int]]  # the generation engine's stats(); {} while not ready
+Pairs = Iterable[tuple[int, RequestOutput]]
+
+# vLLM's buckets (vllm/v1/metrics/loggers.py), so that its dashboards' quantiles read the same.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# vLLM bounds its 1-2-5 token buckets by max_model_len; this registry exists before the model
+# is loaded, so a bound past any context length.
+TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))
+
+# vLLM's finished_reason values; LMI's EOS and stop sequence are both vLLM's "stop".
+FINISHED_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP: "stop",
+                    FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
+                    FinishReason.ERROR: "error"}
+
+# Route template prefix -> protocol, first match wins ("/" alone is TGI's).
+PROTOCOLS = (
+    ("/v1/models/{model}", "kserve_v1"),
+    ("/v1/", "openai"),
+    ("/v2", "kserve_v2"),
+    ("/invocations", "lmi"),
+    ("/predictions/", "lmi"),
+    ("/endpoints/", "sagemaker"),
+    ("/serving-endpoints/", "databricks"),
+    ("/generate", "tgi"),
+    ("/info", "tgi"),
+    ("/health", "tgi"),
+    ("/ping", "health"),
+    ("/metrics", "metrics"),
+)
+UNMATCHED = "unmatched"  # the route label of a path no route serves
+GRPC_PROTOCOL = "kserve_v2_grpc"
+
+
+def protocol_of(route: str) -> str:
+    if route == "/":
+        return "tgi"
+    return next((name for prefix, name in PROTOCOLS if route.startswith(prefix)), "http")
+
+
+class _Both:
+    """One observation recorded under LMI's name and under vLLM's."""
+
+    def __init__(self, *children: Any) -> None:
+        self._children = children
+
+    def observe(self, value: float) -> None:
+        for child in self._children:
+            child.observe(value)
+
+
+@dataclass
+class _Progress:
+    """One engine request as the driver has seen it so far."""
+
+    arrival: float
+    prompt_tokens: int | None = None  # set by its first output
+    last_token: float | None = None  # when the last output carrying tokens arrived
+    generated: dict[int, int] = field(default_factory=dict)  # per sequence: tokens so far
+    reason: FinishReason | None = None  # the first sequence's
+
+
+class Telemetry:
+    def __init__(self, model_name: str, stats: Stats) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        lmi, vllm = (model_name,), (model_name, "0")  # vLLM's engine index: one engine here
+
+        def histogram(name: str, vllm_names: Sequence[str], doc: str,
+                      buckets: Sequence[float]) -> _Both:
+            made = [Histogram(name, doc, ["model"], registry=self.registry, buckets=buckets)
+                    .labels(*lmi)]
+            made += [Histogram(other, doc, ["model_name", "engine"], registry=self.registry,
+                               buckets=buckets).labels(*vllm) for other in vllm_names]
+            return _Both(*made)
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ("model",)) -> Counter:
+            return Counter(name, doc, labels, registry=self.registry)
+
+        self.ttft = histogram("lmi_time_to_first_token_seconds",
+                              ["vllm:time_to_first_token_seconds"],
+                              "Time from a request's arrival to its first token", TTFT_BUCKETS)
+        # vLLM renamed time_per_output_token to inter_token_latency; dashboards use either.
+        self.itl = histogram("lmi_inter_token_latency_seconds",
+                             ["vllm:inter_token_latency_seconds",
+                              "vllm:time_per_output_token_seconds"],
+                             "Time between a request's successive token outputs", ITL_BUCKETS)
+        self.e2e = histogram("lmi_e2e_request_latency_seconds",
+                             ["vllm:e2e_request_latency_seconds"],
+                             "Time from a request's arrival to its last output", LATENCY_BUCKETS)
+        self.queue = histogram("lmi_request_queue_time_seconds",
+                               ["vllm:request_queue_time_seconds"],
+                               "Time a request waited before the engine scheduled it",
+                               LATENCY_BUCKETS)
+        self.request_prompt = histogram("lmi_request_prompt_tokens",
+                                        ["vllm:request_prompt_tokens"],
+                                        "Prompt tokens of each finished request", TOKEN_BUCKETS)
+        self.request_generation = histogram("lmi_request_generation_tokens",
+                                            ["vllm:request_generation_tokens"],
+                                            "Tokens generated for each finished request",
+                                            TOKEN_BUCKETS)
+        # LMI's token counters are the engine's (lmi_prompt_tokens_total, read from stats()).
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of the requests served",
+                                     ("model_name", "engine")).labels(*vllm)
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated",
+                                         ("model_name", "engine")).labels(*vllm)
+        success = counter("vllm:request_success", "Requests finished, by why they finished",
+                          ("model_name", "engine", "finished_reason"))
+        self.success = {reason: success.labels(*vllm, reason)
+                        for reason in dict.fromkeys(FINISHED_REASONS.values())}
+        self.requests = counter("lmi_requests", "Requests answered, by protocol, route and status",
+                                ("protocol", "route", "status"))
+        self.rejections = counter("lmi_rejected_requests",
+                                  "Requests refused at once because the server was at its "
+                                  "limit (job_queue_size)").labels(*lmi)
+        self.restarts = counter("lmi_engine_restarts",
+                                "Times the engine was restarted after a failure").labels(*lmi)
+        self.registry.register(EngineCollector(model_name, stats))
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def engine_restarted(self) -> None:
+        """Called by engine supervision each time it restarts a failed engine."""
+        self.restarts.inc()
+
+    def rejected(self) -> None:
+        """A request refused for overload (the admission limit)."""
+        self.rejections.inc()
+
+    def answered(self, protocol: str, route: str, status: int | str) -> None:
+        self.requests.labels(protocol, route, str(status)).inc()
+
+    def observer(self, requests: Sequence[GenerationRequest]) -> RequestObserver:
+        """What observes one client request's engine requests (see Generation)."""
+        return RequestObserver(self, [_Progress(request.arrival_time) for request in requests])
+
+    # -- one engine request's outputs -----------------------------------------------------------
+
+    def _output(self, progress: _Progress, output: RequestOutput, now: float) -> None:
+        if progress.prompt_tokens is None:
+            progress.prompt_tokens = output.prompt_token_count
+            self.prompt_tokens.inc(output.prompt_token_count)
+        new = 0
+        for seq in output.outputs:
+            done = progress.generated.get(seq.index, 0)
+            total = max(seq.generated_tokens, done + len(seq.tokens))
+            progress.generated[seq.index] = total
+            new += total - done
+            if seq.index == 0 and seq.finish_reason is not None:
+                progress.reason = seq.finish_reason
+        if new:
+            self.generation_tokens.inc(new)
+            if progress.last_token is None:
+                self.ttft.observe(now - progress.arrival)
+            else:
+                self.itl.observe(now - progress.last_token)
+            progress.last_token = now
+        if output.finished:
+            self._finished(progress, output, now)
+
+    def _finished(self, progress: _Progress, output: RequestOutput, now: float) -> None:
+        reason = progress.reason or next(
+            (seq.finish_reason for seq in output.outputs if seq.finish_reason), FinishReason.STOP)
+        self.success[FINISHED_REASONS[reason]].inc()
+        self.e2e.observe(now - progress.arrival)
+        self.queue.observe(output.metrics.queue_time)
+        self.request_prompt.observe(progress.prompt_tokens or 0)
+        self.request_generation.observe(sum(progress.generated.values()))
+
+
+class RequestObserver:
+    """What one client request's engine requests did, observed as their outputs arrive:
+    latencies once per engine request, tokens as they come."""
+
+    def __init__(self, telemetry: Telemetry, progress: list[_Progress]) -> None:
+        self._telemetry = telemetry
+        self._progress = progress
+
+    def outputs(self, pairs: Pairs) -> None:
+        now = time.monotonic()
+        for index, output in pairs:
+            self._telemetry._output(self._progress[index], output, now)
+
+    def abandoned(self, indices: Iterable[int]) -> None:
+        """These requests were aborted unfinished (a client gone, a deadline, a failure)."""
+        for _ in indices:
+            self._telemetry.success["abort"].inc()
+
+
+# stats() key -> (metric name, help, kind); LMI's names since before this module.
+ENGINE_METRICS = {
+    "running_requests": ("lmi_running_requests", "Requests in the running batch", "gauge"),
+    "waiting_requests": ("lmi_waiting_requests", "Requests waiting for a batch slot", "gauge"),
+    "prompt_tokens": ("lmi_prompt_tokens", "Prompt tokens admitted", "counter"),
+    "generated_tokens": ("lmi_generated_tokens", "Tokens generated", "counter"),
+    "finished_requests": ("lmi_finished_requests", "Requests finished", "counter"),
+}
+VLLM_GAUGES = {
+    "running_requests": ("vllm:num_requests_running", "Requests in the running batch"),
+    "waiting_requests": ("vllm:num_requests_waiting", "Requests waiting for a batch slot"),
+}
+
+
+class EngineCollector(Collector):
+    """The engine's own gauges and counters, read at scrape time."""
+
+    def __init__(self, model_name: str, stats: Stats) -> None:
+        self.model_name = model_name
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats()
+        for key, (name, doc, kind) in ENGINE_METRICS.items():
+            family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            yield self._one(family(name, doc, labels=["model"]), stats.get(key, 0))
+        for key, (name, doc) in VLLM_GAUGES.items():
+            yield self._vllm(GaugeMetricFamily(name, doc, labels=["model_name", "engine"]),
+                             stats.get(key, 0))
+        if "kv_cache_slots_total" in stats:  # an engine with a KV cache of batch slots
+            yield from self._kv_cache(stats)
+        if "dynamic_batches" in stats:  # option.rolling_batch=disable
+            yield self._dynamic_batch_size(stats)
+
+    def _one(self, metric: Any, value: float) -> Metric:
+        metric.add_metric([self.model_name], value)
+        return metric
+
+    def _vllm(self, metric: Any, value: float) -> Metric:
+        metric.add_metric([self.model_name, "0"], value)
+        return metric
+
+    def _kv_cache(self, stats: dict[str, int]) -> Iterator[Metric]:
+        used, total = stats.get("kv_cache_slots_in_use", 0), stats["kv_cache_slots_total"]
+        yield self._one(GaugeMetricFamily("lmi_kv_cache_slots_in_use",
+                                          "KV-cache batch slots held by running sequences",
+                                          labels=["model"]), used)
+        yield self._one(GaugeMetricFamily("lmi_kv_cache_slots", "KV-cache batch slots in all",
+                                          labels=["model"]), total)
+        yield self._vllm(GaugeMetricFamily("vllm:kv_cache_usage_perc",
+                                           "Share of the KV-cache batch slots in use (0 to 1)",
+                                           labels=["model_name", "engine"]),
+                         used / total if total else 0.0)
+
+    def _dynamic_batch_size(self, stats: dict[str, int]) -> Metric:
+        # _count: batches run; _sum: HTTP requests they served.
+        metric = SummaryMetricFamily(
+            "lmi_dynamic_batch_size", "HTTP requests per dynamic batch", labels=["model"]
+        )
+        metric.add_metric(
+            [self.model_name], stats["dynamic_batches"], stats["dynamic_batch_requests"]
+        )
+        return metric
+
+
+class RequestCounter:
+    """ASGI middleware: counts each HTTP request once it ends, by protocol, route template and
+    status. A request answered before routing (by another middleware) is matched against
+    `routes` here; a path no route serves is `unmatched`."""
+
+    def __init__(self, app: Any, telemetry: Telemetry, routes: Sequence[Any]) -> None:
+        self.app = app
+        self.telemetry = telemetry
+        self.routes = routes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status, counted = 0, False
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal status, counted
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                self._count(scope, status)  # before the client can see its answer end
+                counted = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            status = status or 499  # the client went away before an answer (nginx's code)
+            raise
+        except Exception:
+            status = status or 500  # what the server's error middleware answers
+            raise
+        finally:
+            if not counted:
+                self._count(scope, status)
+
+    def _count(self, scope: dict[str, Any], status: int) -> None:
+        route = self._route(scope)
+        self.telemetry.answered(protocol_of(route) if route != UNMATCHED else "http", route,
+                                status)
+
+    def _route(self, scope: dict[str, Any]) -> str:
+        route = scope.get("route")
+        if route is None:
+            route = next((r for r in self.routes if r.matches(scope)[0].value), None)
+        return getattr(route, "path", None) or UNMATCHED
