@@ -36,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--grpc-port", type=_flag(values.port(0)), default=FLAG_DEFAULTS["grpc_port"],
         help="KServe V2 over gRPC; default: 8081; 0 turns gRPC off")
     add("--log-level", type=str.lower, default=FLAG_DEFAULTS["log_level"], choices=_LOG_LEVELS)
+    add("--api-key", help="require this key (Authorization: Bearer, or x-api-key) on every "
+        "route but health; as option.api_key")
     add("--option", action="append", default=[], metavar="KEY=VALUE",
         help="a serving.properties setting, beating every other source (repeatable)")
     return parser.parse_args(argv)
@@ -53,10 +55,15 @@ _LABELS = {
 }
 
 
+_SECRETS = {"api_key"}  # logged as set or not, never the value
+
+
 def log_config(config: Config, logger: logging.Logger) -> None:
     """Log one line per effective value, with where it came from."""
     for field, label in _LABELS.items():
         value = getattr(config, field)
+        if field in _SECRETS and value is not None:
+            value = "<set>"
         logger.info("config %s = %s [%s]", label, value, config.sources[field])
     for key, (value, source) in config.ignored.items():
         logger.info("config %s = %s [%s; a DJL setting with no effect here]", key, value, source)

@@ -32,6 +32,12 @@ def add_cli(raw: Raw, options: list[str]) -> None:
         _add(raw, key.strip(), value, CLI)
 
 
+def add_flag(raw: Raw, key: str, value: str | None, flag: str) -> None:
+    """A command-line flag that stands for a key (`--api-key`); `--option` beats it."""
+    if value is not None:
+        _add(raw, key, value, f"{CLI} {flag}")
+
+
 def add_properties(raw: Raw, model_dir: Path) -> None:
     path = model_dir / "serving.properties"
     if not path.is_file():

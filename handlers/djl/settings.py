@@ -18,7 +18,7 @@ from handlers.config import SETTINGS, Config, ConfigError, load_config, parse_ar
 _DJL_OWN = {"option.entryPoint", "option.model_loading_timeout", "option.predict_timeout"}
 _OPTIONS = {s.key for s in SETTINGS if s.key.startswith("option.")} - _DJL_OWN
 # What only lmi-serve's own routes read: the DJL entry answers LMI's schema alone.
-_SERVER_ONLY = ("full_text_enabled", "chat_template", "embedding_model_id")
+_SERVER_ONLY = ("full_text_enabled", "chat_template", "embedding_model_id", "api_key")
 
 
 def is_rolling(properties: Mapping[str, Any]) -> bool:
@@ -64,7 +64,8 @@ def check_djl_effects(config: Config) -> None:
     """Refuse the settings only lmi-serve's own routes would read."""
     for setting in SETTINGS:
         if setting.field in _SERVER_ONLY and config.is_set(setting):
+            value = "<set>" if setting.field == "api_key" else getattr(config, setting.field)
             raise ConfigError(
-                f"{setting.key}={getattr(config, setting.field)} would have no effect: the DJL "
-                "entry answers LMI's schema only (lmi-serve serves the OpenAI and embedding "
-                "routes); unset it")
+                f"{setting.key}={value} would have no effect: the DJL entry answers LMI's "
+                "schema only (lmi-serve serves the OpenAI and embedding routes, and DJL's "
+                "front end its HTTP); unset it")

@@ -13,15 +13,26 @@ from handlers.protocols.errors import ProtocolError
 M = TypeVar("M", bound=BaseModel)
 
 
+MAX_ERRORS = 10  # a list of a thousand bad items gets a message, not a megabyte
+MAX_SHOWN = 100  # characters of a bad value repeated in the message
+
+
 def describe_errors(exc: ValidationError) -> str:
     """One line per pydantic error: `parameters.top_p: Input should be ... (got 1.5)`."""
     parts = []
-    for err in exc.errors(include_url=False):
+    for err in exc.errors(include_url=False)[:MAX_ERRORS]:
         where = ".".join(str(p) for p in err["loc"]) or "body"
         got = err.get("input")
-        shown = f" (got {got!r})" if err["type"] != "missing" and _is_scalar(got) else ""
+        shown = f" (got {_shown(got)})" if err["type"] != "missing" and _is_scalar(got) else ""
         parts.append(f"{where}: {err['msg']}{shown}")
+    if (more := exc.error_count() - MAX_ERRORS) > 0:
+        parts.append(f"and {more} more errors")
     return "; ".join(parts)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
 
 
 def _is_scalar(value: Any) -> bool:

@@ -1,19 +1,20 @@
-"""Reading request bodies: size limit, JSON decoding, request ids. Protocol-neutral.
+"""Reading request bodies: size limit, JSON decoding within bounds, request ids.
+Protocol-neutral.
 
 Errors are `BodyError`s; each protocol renders them in its own error shape.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 
 from handlers.protocols.errors import ErrorKind
-
-REQUEST_ID_HEADER = "X-Amzn-SageMaker-Inference-Id"
+from handlers.server.http.json_limits import MAX_CONTAINERS, MAX_DEPTH, container_count, too_deep
+from handlers.server.http.request_id import REQUEST_ID_HEADER, SAGEMAKER_HEADER
+from handlers.server.request_ids import current, new_id
 
 
 class BodyError(Exception):
@@ -24,12 +25,26 @@ class BodyError(Exception):
 
 
 def request_id(request: Request) -> str:
-    """SageMaker's inference id when the caller sent one, else a fresh id (for logs)."""
-    return request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+    """The request's id (handlers/server/request_ids.py): the one bound for it, else SageMaker's
+    inference id or `X-Request-Id` when the caller sent one, else a fresh one."""
+    bound_id = current()
+    if bound_id is not None:
+        return bound_id.value
+    return new_id(request.headers.get(SAGEMAKER_HEADER),
+                  request.headers.get(REQUEST_ID_HEADER)).value
+
+
+def adopt_request_id(protocol_id: str | None) -> None:
+    """The body's own id becomes the request's (logs, `X-Request-Id`) unless a header named
+    one."""
+    bound_id = current()
+    if bound_id is not None:
+        bound_id.adopt(protocol_id)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) one over `limit` bytes without reading all of it."""
+    """The whole body, refusing (413) one over `limit` bytes without reading all of it: at once
+    when its Content-Length says so, else as soon as what arrived passes the limit."""
     too_large = BodyError(f"request body is larger than the limit of {limit} bytes",
                           ErrorKind.TOO_LARGE)
     declared = request.headers.get("content-length", "")
@@ -45,10 +60,23 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def decode_json(raw: bytes, not_json: str = "request body is not valid JSON") -> Any:
+    """`raw` decoded; refused (400) when it is not JSON (`not_json` says so), holds too many
+    objects and arrays (counted before decoding them) or nests too deeply."""
+    containers = container_count(raw)
+    if containers > MAX_CONTAINERS:
+        raise BodyError(f"the JSON body holds more than {MAX_CONTAINERS} objects and arrays",
+                        ErrorKind.VALIDATION)
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BodyError(f"{not_json}: {exc}", ErrorKind.VALIDATION) from None
+    if containers > MAX_DEPTH and too_deep(value):  # fewer containers cannot nest that deep
+        raise BodyError(f"the JSON body nests deeper than {MAX_DEPTH} levels",
+                        ErrorKind.VALIDATION)
+    return value
+
+
 async def read_json(request: Request, limit: int) -> Any:
     """The decoded JSON body."""
-    raw = await read_body(request, limit)
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BodyError(f"request body is not valid JSON: {exc}", ErrorKind.VALIDATION) from None
+    return decode_json(await read_body(request, limit))

@@ -1,0 +1,49 @@
+"""The API key over HTTP: a pure ASGI middleware (streams and disconnects pass untouched) that
+answers 401 to a request without the key, in OpenAI's error shape under `/v1/` and as
+`{"error": ...}` elsewhere. Health, liveness, metrics and the API documents stay open, as vLLM
+leaves them, so probes and scrapers need no key."""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from handlers.protocols.kserve_v2 import KServeError
+from handlers.protocols.openai import OpenAIError
+from handlers.server.api_key import UNAUTHORIZED, ApiKey
+from handlers.server.framing import Reply
+from handlers.server.http.responses import json_response
+
+OPEN_PATHS = frozenset({"/ping", "/health", "/v2/health/live", "/v2/health/ready", "/metrics",
+                        "/openapi.json", "/docs", "/redoc"})
+_OPEN_ROOT_METHODS = ("GET", "HEAD")  # `GET /` is TGI's health; `POST /` generates
+
+
+def is_open(method: str, path: str) -> bool:
+    if path == "/":
+        return method in _OPEN_ROOT_METHODS
+    return path in OPEN_PATHS or path.startswith("/docs/")
+
+
+def refusal(path: str) -> Reply:
+    headers = {"WWW-Authenticate": "Bearer"}
+    if path.startswith("/v1/"):
+        error = OpenAIError(UNAUTHORIZED, code="invalid_api_key")
+        return Reply(401, error.payload(401), headers)
+    return Reply(401, KServeError(UNAUTHORIZED).payload(401), headers)
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.key = ApiKey(key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or is_open(scope["method"], scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if self.key.accepts(headers.get("authorization"), headers.get("x-api-key")):
+            await self.app(scope, receive, send)
+            return
+        await json_response(refusal(scope["path"]))(scope, receive, send)

@@ -1,0 +1,52 @@
+"""Request ids over HTTP: a pure ASGI middleware (it never buffers a stream) that binds each
+request's id for the logs and returns it in `X-Request-Id` on every response, streams
+included, echoing SageMaker's `X-Amzn-SageMaker-Inference-Id` when the caller sent one."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import uvicorn.config
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from handlers.server.request_ids import bound, install_log_ids, new_id
+
+SAGEMAKER_HEADER = "X-Amzn-SageMaker-Inference-Id"
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+class RequestIdMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        given = headers.get(SAGEMAKER_HEADER)
+        request_id = new_id(given, headers.get(REQUEST_ID_HEADER))
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                out = MutableHeaders(scope=message)
+                out[REQUEST_ID_HEADER] = request_id.value  # a body's id may have replaced it
+                if given is not None:
+                    out[SAGEMAKER_HEADER] = given
+            await send(message)
+
+        with bound(request_id):
+            await self.app(scope, receive, send_with_id)
+
+
+def uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn's logging, its access lines carrying the request id too (uvicorn's access
+    formatter ignores the message, where the other lines carry it)."""
+    install_log_ids()  # every record has `request_id` before uvicorn formats one
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    access = config["formatters"]["access"]
+    access["fmt"] = access["fmt"].replace("%(levelprefix)s",
+                                          "%(levelprefix)s [RequestId=%(request_id)s]", 1)
+    return config

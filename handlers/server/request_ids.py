@@ -1,0 +1,82 @@
+"""Each client request's id, for the wires and the logs: bound in a context variable while the
+request is served, so every log line written on its behalf, the generation driver's included,
+carries `[RequestId=...]` (and a `request_id` attribute), whichever logger writes it.
+
+The id is the caller's (SageMaker's `X-Amzn-SageMaker-Inference-Id`, an `X-Request-Id`, or the
+protocol's own, such as KServe's `id`) when it gave one, else a fresh one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+MAX_LENGTH = 128
+_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")  # a caller's id must not forge or split log lines
+
+
+@dataclass
+class RequestId:
+    value: str
+    given: bool  # the caller chose it: a body's own id does not replace it
+
+    def adopt(self, protocol_id: str | None) -> None:
+        """Take the protocol's id from the body, unless the caller's header named one."""
+        clean = sanitize(protocol_id)
+        if clean and not self.given:
+            self.value, self.given = clean, True
+
+
+_current: ContextVar[RequestId | None] = ContextVar("lmi_request_id", default=None)
+
+
+def sanitize(given: str | None) -> str | None:
+    """A caller's id, printable and bounded, or None when nothing of it is usable."""
+    clean = _UNPRINTABLE.sub("", given or "")[:MAX_LENGTH]
+    return clean or None
+
+
+def new_id(*given: str | None) -> RequestId:
+    """The first usable id of those given, else a fresh one."""
+    chosen = next((clean for clean in map(sanitize, given) if clean), None)
+    return RequestId(chosen or uuid.uuid4().hex, chosen is not None)
+
+
+def current() -> RequestId | None:
+    return _current.get()
+
+
+@contextmanager
+def bound(request_id: RequestId) -> Iterator[RequestId]:
+    """Serve a request under `request_id`: log lines written meanwhile carry it."""
+    token = _current.set(request_id)
+    try:
+        yield request_id
+    finally:
+        _current.reset(token)
+
+
+def install_log_ids() -> None:
+    """Make every log record carry the bound request id (idempotent): a record factory rather
+    than a handler filter, so uvicorn's and pytest's handlers show it as well as ours."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "adds_request_ids", False):
+        return
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        bound_id = _current.get()
+        record.request_id = bound_id.value if bound_id is not None else "-"
+        if bound_id is not None and isinstance(record.msg, str):
+            prefix = f"[RequestId={bound_id.value}] "
+            # %-formatting applies to the message only when it has arguments
+            record.msg = (prefix.replace("%", "%%") if record.args else prefix) + record.msg
+        return record
+
+    factory.adds_request_ids = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
