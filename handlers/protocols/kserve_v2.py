@@ -82,7 +82,7 @@ def check_version(model: str, version: str | None) -> None:
 # --- requests -----------------------------------------------------------------------------------
 
 
-class _InputModel(BaseModel):
+class RestInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
@@ -92,25 +92,25 @@ class _InputModel(BaseModel):
     data: list[Any] | None = None
 
 
-class _OutputModel(BaseModel):
+class RestOutput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
-class _RequestModel(BaseModel):
+class RestInferRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
-    inputs: list[_InputModel] = Field(min_length=1)
-    outputs: list[_OutputModel] | None = None
+    inputs: list[RestInput] = Field(min_length=1)
+    outputs: list[RestOutput] | None = None
 
 
 def parse_rest_request(body: Any, binary: bytes) -> InferRequest:
     """An `/infer` body (`binary`: what follows the JSON header under the binary extension)."""
-    request = parse_body(_RequestModel, body, KServeError,
+    request = parse_body(RestInferRequest, body, KServeError,
                          "the request body must be a JSON object with 'inputs'")
     tensors, offset = [], 0
     for given in request.inputs:
