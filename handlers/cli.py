@@ -23,9 +23,11 @@ import uvicorn
 
 from handlers.config import Config, ConfigError, check_effects, load_config, log_config, parse_args
 from handlers.engine import registry
-from handlers.engine.base import Embedder, EngineBuild
+from handlers.engine.base import Embedder, EngineBuild, SupervisedLoop
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
+from handlers.server.http.request_id import uvicorn_log_config
+from handlers.supervision import Supervisor
 
 log = logging.getLogger("lmi_serve")
 T = TypeVar("T")
@@ -59,6 +61,7 @@ def server_settings(config: Config) -> ServerSettings:
         dynamic_streaming=config.enable_streaming,
         predict_timeout=config.predict_timeout,
         job_queue_size=config.job_queue_size,
+        api_key=config.api_key,
         server_version=importlib.metadata.version("lmi-serve"),
         grpc_host=config.host,
         grpc_port=config.grpc_port,
@@ -66,7 +69,8 @@ def server_settings(config: Config) -> ServerSettings:
 
 
 def serve(config: Config) -> int:
-    generator = None if config.embeddings_only else Served(config.model_name)
+    generator = None if config.embeddings_only else \
+        Served(config.model_name, max_failures=config.max_consecutive_failures)
     embedder = None
     if config.embedding_source is not None:
         embedder = Served(config.model_name if config.embeddings_only else None)
@@ -74,16 +78,20 @@ def serve(config: Config) -> int:
     server = uvicorn.Server(uvicorn.Config(
         create_app(ctx), host=config.host, port=config.port,
         log_level=config.log_level.lower(), timeout_graceful_shutdown=30,
+        log_config=uvicorn_log_config(),
     ))
     http = threading.Thread(target=server.run, name="http")  # no signal handlers off main
     stopping = threading.Event()
+
+    def stop_server() -> None:
+        server.should_exit = True
+        ctx.drain()  # gRPC stops taking requests as HTTP does
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("received %s: finishing in-flight requests, then exiting",
                  signal.Signals(signum).name)
         stopping.set()
-        server.should_exit = True
-        ctx.drain()  # gRPC stops taking requests as HTTP does
+        stop_server()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -94,11 +102,12 @@ def serve(config: Config) -> int:
         http.join()
         return 1 if loaded is None else 0
     built, embedding = loaded
-    return _run(config, ctx, built, embedding, http)
+    return _run(config, ctx, built, embedding, http, stop_server)
 
 
 def _run(config: Config, ctx: ServerContext, built: EngineBuild | None,
-         embedding: Embedder | None, http: threading.Thread) -> int:
+         embedding: Embedder | None, http: threading.Thread,
+         stop_server: Callable[[], None]) -> int:
     """Attach what loaded (/ping answers 200 from here on) and run until the server stops."""
     if embedding is not None:
         ctx.embedder.attach(embedding)
@@ -116,11 +125,15 @@ def _run(config: Config, ctx: ServerContext, built: EngineBuild | None,
     stop = built.main_loop.stop if built is not None and built.main_loop else done.set
     threading.Thread(target=lambda: (http.join(), stop(), done.set()), name="drain",
                      daemon=True).start()
-    if built is not None and built.main_loop is not None:
+    status = 0
+    if built is not None and isinstance(built.main_loop, SupervisedLoop):
+        status = Supervisor(built.main_loop, ctx.generator.failures, config.engine_restart,
+                            stop_server, http, ctx.telemetry.engine_restarted).run()
+    elif built is not None and built.main_loop is not None:
         built.main_loop.run_forever()
     done.wait()
     http.join()
-    return 0
+    return status
 
 
 def _load(config: Config) -> tuple[EngineBuild | None, Embedder | None] | None:

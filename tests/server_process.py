@@ -26,11 +26,24 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_server(*options: str, log_path: Path | None = None,
                    env: dict[str, str] | None = None, timeout: float = 180,
-                   grpc_port: int = 0) -> Iterator[str]:
+                   grpc_port: int = 0, program: tuple[str, ...] = ("-m", "handlers.cli"),
+                   ) -> Iterator[str]:
     """Start the server with `--option KEY=VALUE` flags (and gRPC on `grpc_port`, 0: off);
     yield its URL once /ping says 200."""
+    with server_process(*options, log_path=log_path, env=env, timeout=timeout,
+                        grpc_port=grpc_port, program=program) as (_proc, url):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(*options: str, log_path: Path | None = None,
+                   env: dict[str, str] | None = None, timeout: float = 180,
+                   grpc_port: int = 0, program: tuple[str, ...] = ("-m", "handlers.cli"),
+                   ) -> Iterator[tuple[subprocess.Popen, str]]:
+    """As `running_server`, yielding the process too (`program`: what python runs, the
+    lmi-serve module or a script that wraps it); SIGTERM at the end if it still runs."""
     port = free_port()
-    argv = [sys.executable, "-m", "handlers.cli", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, *program, "--host", "127.0.0.1", "--port", str(port),
             "--grpc-port", str(grpc_port)]
     for option in options:
         argv += ["--option", option]
@@ -40,9 +53,10 @@ def running_server(*options: str, log_path: Path | None = None,
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(proc, url, timeout)
-        yield url
+        yield proc, url
     finally:
-        proc.send_signal(signal.SIGTERM)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

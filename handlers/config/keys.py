@@ -67,10 +67,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("batch_size", "batch_size", values.integer(1), 1),
     Setting("max_batch_delay", "max_batch_delay", values.integer(0), 100),
     Setting("job_queue_size", "job_queue_size", values.integer(1), 1000),
-    Setting("max_request_size", "max_request_size", values.integer(1), 64 * 1024 * 1024),
+    # Bytes; SageMaker's real-time payload limit (DJL's own default is 64 MiB).
+    Setting("max_request_size", "max_request_size", values.integer(1), 6 * 1024 * 1024),
+    # Unset: no key (SageMaker authenticates callers upstream); set: every route but health
+    # requires it. Never logged.
+    Setting("option.api_key", "api_key", values.text, None),
     Setting("option.model_loading_timeout", "model_loading_timeout", values.integer(1), 1800),
     # Unset: no deadline (DJL's 120 s bounds one rolling-batch step, not a whole request).
     Setting("option.predict_timeout", "predict_timeout", values.optional_integer, None),
+    # Failed requests in a row that turn readiness off and restart the engine (0: never).
+    Setting("option.max_consecutive_failures", "max_consecutive_failures", values.integer(0), 10),
     # What the engine supports decides whether these take effect.
     Setting("engine", "engine", _ENGINE, "Python", engine=True),
     Setting("option.max_rolling_batch_size", "max_rolling_batch_size", values.integer(1), 32,
@@ -98,6 +104,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.cpu_offload_gb_per_gpu", "cpu_offload_gb_per_gpu", values.number(0), 0.0,
             engine=True),
     Setting("option.load_format", "load_format", values.text, "auto", engine=True),
+    # A dead engine loop is rebuilt and restarted (true) or stops the process with exit 1.
+    Setting("option.engine_restart", "engine_restart", values.boolean, True, engine=True),
+    # Seconds one engine step may run before the engine counts as stuck (0: no limit).
+    Setting("option.engine_stall_timeout", "engine_stall_timeout", values.integer(0), 120,
+            engine=True),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 BY_FIELD = {s.field: s for s in SETTINGS}
@@ -178,4 +189,5 @@ ENV_VARS: tuple[tuple[str, str, Callable[[str], str]], ...] = (
     ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "option.predict_timeout", _same),
     ("SAGEMAKER_MAX_REQUEST_SIZE", "max_request_size", _same),
     ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "max_request_size", _mebibytes),
+    ("VLLM_API_KEY", "option.api_key", _same),
 )

@@ -12,6 +12,7 @@ startup with a `ConfigError` naming the key.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +28,15 @@ from handlers.config.keys import (
     Setting,
 )
 from handlers.config.model import ModelFiles, model_values, resolve_model_dir
-from handlers.config.sources import CLI, DEFAULT, Raw, add_cli, add_env, add_properties
+from handlers.config.sources import (
+    CLI,
+    DEFAULT,
+    Raw,
+    add_cli,
+    add_env,
+    add_flag,
+    add_properties,
+)
 from handlers.model_source import DEFAULT_EMBEDDING_ID, has_sentence_transformers_layout
 
 
@@ -61,6 +70,8 @@ class Config:
     max_request_size: int  # bytes
     model_loading_timeout: int  # seconds
     predict_timeout: int | None  # seconds; None: no deadline
+    api_key: str | None = dataclasses.field(repr=False)  # None: no key required
+    max_consecutive_failures: int  # 0: never
     engine: str  # DJL's engine: Python | MPI
     max_rolling_batch_size: int
     max_rolling_batch_prefill_tokens: int
@@ -78,6 +89,8 @@ class Config:
     disable_sliding_window: bool
     cpu_offload_gb_per_gpu: float
     load_format: str
+    engine_restart: bool
+    engine_stall_timeout: int  # seconds; 0: no limit
     host: str
     port: int
     grpc_port: int  # 0: gRPC off
@@ -125,6 +138,7 @@ def load_config(
     model_dir, dir_source = resolve_model_dir(args.model_dir)
     raw: Raw = {}
     add_cli(raw, args.option)
+    add_flag(raw, "option.api_key", getattr(args, "api_key", None), "--api-key")
     if read_properties:
         add_properties(raw, model_dir)
     add_env(raw, env)

@@ -64,7 +64,8 @@ class Engine(Protocol):
 
     def stats(self) -> dict[str, int]:
         """Gauges and counters for /metrics: running_requests, waiting_requests, prompt_tokens,
-        generated_tokens, finished_requests."""
+        generated_tokens, finished_requests; kv_cache_slots_in_use and kv_cache_slots_total
+        where the engine has a cache of batch slots."""
 
     async def start(self) -> None:
         """Start the engine's loop on the calling event loop's terms (after loading)."""
@@ -114,6 +115,26 @@ class MainThreadLoop(Protocol):
 
     def stop(self) -> None:
         """End `run_forever` soon; safe from any thread and from signal handlers."""
+
+
+@runtime_checkable
+class SupervisedLoop(MainThreadLoop, Protocol):
+    """A main-thread loop its supervisor can restart (after `run_forever` returned with
+    `failure` set) or declare stuck (`stalled`)."""
+
+    failure: BaseException | None  # why `run_forever` last returned; None: it was stopped
+
+    def stalled(self) -> bool:
+        """Whether the step running now has run past its time limit."""
+
+    def restart(self, reason: str) -> None:
+        """Make the loop fail with `reason`; safe from any thread."""
+
+    def abandon(self, reason: str) -> None:
+        """Fail every request now, from another thread, while the loop is stuck."""
+
+    def reset(self) -> None:
+        """Make a failed loop ready for the next `run_forever`."""
 
 
 class Embedder(Protocol):

@@ -25,6 +25,7 @@ class EngineEntry:
 _ROLLING = frozenset({"option.max_rolling_batch_size", "option.max_rolling_batch_prefill_tokens",
                       "option.enable_chunked_prefill", "option.max_model_len"})
 _HF = frozenset({"option.dtype", "option.device", "option.trust_remote_code"})
+_SUPERVISED = frozenset({"option.engine_restart", "option.engine_stall_timeout"})
 _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_degree",
                   "option.quantize", "option.gpu_memory_utilization", "option.enforce_eager",
                   "option.enable_prefix_caching", "option.disable_sliding_window",
@@ -33,7 +34,7 @@ _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_deg
 ENGINES = {
     # The torch engine runs eagerly, always: option.enforce_eager=true is what it does.
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
-                         _ROLLING | _HF | {"option.enforce_eager"}),
+                         _ROLLING | _HF | _SUPERVISED | {"option.enforce_eager"}),
     "vllm": EngineEntry("vllm", None, _ROLLING | _HF | _GPU),
     "llamacpp": EngineEntry("llamacpp", None, _ROLLING),
 }

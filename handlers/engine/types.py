@@ -22,6 +22,11 @@ class FinishReason(str, Enum):
     ABORT = "abort"
 
 
+class EngineFailure(RuntimeError):
+    """The engine failed as a whole (its loop died, stalled or was restarted): every request it
+    held ends with this."""
+
+
 class RequestValidationError(ValueError):
     """A request the engine refuses before admission; `field` names the offending parameter."""
 

@@ -22,9 +22,14 @@ from handlers.server.http import (
     metrics,
     models,
     openai,
+    openapi,
     sagemaker,
     tgi,
 )
+from handlers.server.http.api_key import ApiKeyMiddleware
+from handlers.server.http.request_id import RequestIdMiddleware
+from handlers.server.request_ids import install_log_ids
+from handlers.server.telemetry import RequestCounter
 
 ROUTERS = (health, invocations, sagemaker, models, openai, embeddings, databricks, kserve,
            generate, tgi, metrics)
@@ -43,8 +48,18 @@ def create_app(ctx: ServerContext) -> FastAPI:
         await ctx.drained()  # the HTTP server drained its requests; so does gRPC
         await ctx.shutdown()
 
-    app = FastAPI(title="lmi-serve", docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=lifespan)
-    for module in ROUTERS:
-        app.include_router(module.router(ctx))
+    app = FastAPI(title="lmi-serve", docs_url="/docs", redoc_url=None,
+                  openapi_url="/openapi.json", lifespan=lifespan)
+    routers = [module.router(ctx) for module in ROUTERS]
+    for routes in routers:
+        app.include_router(routes)
+    openapi.install(app, ctx.settings.server_version)  # the bodies the routes read by hand
+    if ctx.settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=ctx.settings.api_key)
+    app.add_middleware(RequestIdMiddleware)  # outside the key check: a 401 carries an id too
+    install_log_ids()
+    # Outermost, so that answers of the other middlewares are counted too (by the route they
+    # would have reached: the routers' own routes, which FastAPI no longer flattens).
+    app.add_middleware(RequestCounter, telemetry=ctx.telemetry,
+                       routes=[route for routes in routers for route in routes.routes])
     return app

@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from handlers.engine.base import Embedder, Engine
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.errors import ErrorKind, ProtocolError
+from handlers.server.failures import FailureStreak
 from handlers.server.generation import Admission, Generation
+from handlers.server.telemetry import Telemetry
 
 E = TypeVar("E", Engine, Embedder)
 
@@ -24,7 +26,7 @@ class ServerSettings:
     model_name: str  # the generation model's; an embeddings-only server's embedding model's
     output_formatter: str | None = None  # json | jsonlines | sse; None: by `stream`, as DJL
     tgi_compat: bool = False
-    max_request_size: int = 64 * 1024 * 1024  # bytes; DJL's default
+    max_request_size: int = 6 * 1024 * 1024  # bytes; SageMaker's real-time payload limit
     full_text_enabled: bool = False  # MindIE's streamed chat with the whole text in each chunk
     dynamic_batching: bool = False  # option.rolling_batch=disable: LMI's dynamic-batch schema
     dynamic_streaming: bool = False  # option.enable_streaming: dynamic batches answer streams
@@ -33,6 +35,7 @@ class ServerSettings:
     grpc_host: str = "0.0.0.0"
     grpc_port: int = 0  # KServe V2 over gRPC; 0: off
     job_queue_size: int = 1000  # client requests held at once
+    api_key: str | None = field(default=None, repr=False)  # required on every route but health
 
     def __post_init__(self) -> None:
         if self.output_formatter not in (None, *OUTPUT_FORMATTERS):
@@ -46,9 +49,11 @@ class Served(Generic[E]):
     """A model the server serves: its name (known before loading, or from the loaded model)
     and, once loaded, its engine."""
 
-    def __init__(self, name: str | None = None, engine: E | None = None) -> None:
+    def __init__(self, name: str | None = None, engine: E | None = None,
+                 max_failures: int = 0) -> None:
         self.name = name
         self.engine = engine
+        self.failures = FailureStreak(max_failures)
 
     def attach(self, engine: E) -> None:
         self.name = self.name or engine.model_name
@@ -56,11 +61,14 @@ class Served(Generic[E]):
 
     @property
     def ready(self) -> bool:
-        return self.engine is not None and self.engine.health()
+        return (self.engine is not None and self.engine.health()
+                and not self.failures.tripped)
 
     def unavailable(self) -> str:
         """Why it cannot answer (while not `ready`)."""
-        return "still loading" if self.engine is None else "not running"
+        if self.engine is None:
+            return "still loading"
+        return "failing every request" if self.failures.tripped else "not running"
 
     def ready_engine(self, refuse: Callable[[str, ErrorKind], ProtocolError]) -> E:
         """The engine, or the protocol's refusal saying why it cannot answer."""
@@ -78,7 +86,8 @@ class ServerContext:
         self.settings = settings
         self.generator = generator
         self.embedder = embedder
-        self.admission = Admission(settings.job_queue_size)
+        self.telemetry = Telemetry(settings.model_name, self._engine_stats)  # GET /metrics
+        self.admission = Admission(settings.job_queue_size, self.telemetry.rejected)
         self.created = int(time.time())
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         self._drains: list[Callable[[], Awaitable[None]]] = []
@@ -87,8 +96,18 @@ class ServerContext:
                    timeout: float | None = None) -> Generation:
         """Admit and submit a client request's engine requests, under the server's deadline
         (option.predict_timeout) or the request's own `timeout`, whichever is sooner."""
-        deadlines = [t for t in (self.settings.predict_timeout, timeout) if t is not None]
-        return Generation(engine, requests, self.admission, min(deadlines, default=None))
+        server = self.settings.predict_timeout
+        own = timeout is not None and (server is None or timeout < server)
+        outcome = self.generator.failures.record if self.generator is not None else None
+        return Generation(engine, requests, self.admission, timeout if own else server,
+                          outcome, observer=self.telemetry.observer(requests),
+                          timeout_source="the request's timeout" if own else
+                          "option.predict_timeout")
+
+    def _engine_stats(self) -> dict[str, int]:
+        # Read while not ready too: counters that dropped to 0 would read as a reset.
+        served = self.generator
+        return served.engine.stats() if served is not None and served.engine is not None else {}
 
     def model_names(self) -> list[str]:
         """The names of the models served (an embedding model once it is loaded)."""

@@ -22,9 +22,15 @@ from typing import TypeVar
 import anyio
 
 from handlers.engine.base import Engine, GroupEngine, Pair, SteppableEngine
-from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.engine.types import (
+    EngineFailure,
+    FinishReason,
+    GenerationRequest,
+    RequestValidationError,
+)
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.outputs import UNFINISHED, Folded
+from handlers.server.telemetry import RequestObserver
 
 T = TypeVar("T")
 Watch = Callable[[], Awaitable[None]]  # returns once the client has gone away
@@ -39,12 +45,15 @@ class Admission:
     """`job_queue_size`: how many client requests the server holds at once, queued or running;
     one more is refused at once (never queued without bound)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_reject: Callable[[], None] | None = None) -> None:
         self.limit = limit
         self.held = 0
+        self._on_reject = on_reject  # counts the refusal for /metrics
 
     def acquire(self) -> None:
         if self.held >= self.limit:
+            if self._on_reject is not None:
+                self._on_reject()
             raise GenerationError(
                 f"the server is at its limit of {self.limit} requests (job_queue_size); "
                 "retry later", ErrorKind.OVERLOADED)
@@ -58,7 +67,10 @@ class Generation:
     """One client request's engine requests, from submission to their last output."""
 
     def __init__(self, engine: Engine, requests: list[GenerationRequest],
-                 admission: Admission | None = None, timeout: float | None = None) -> None:
+                 admission: Admission | None = None, timeout: float | None = None,
+                 outcome: Callable[[bool], None] | None = None,
+                 observer: RequestObserver | None = None,
+                 timeout_source: str = "option.predict_timeout") -> None:
         if admission is not None:
             admission.acquire()
         self._admission = admission
@@ -66,7 +78,10 @@ class Generation:
         self.requests = requests
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._timeout = timeout
+        self._timeout_source = timeout_source  # which deadline `timeout` is, for the error
+        self._outcome = outcome or (lambda ok: None)  # each engine request's: failed or not
         self._open = set(range(len(requests)))  # requests not finished yet
+        self._observer = observer  # what /metrics learns of each output
         if isinstance(engine, GroupEngine):
             self._source = engine.submit(requests)
         else:
@@ -84,17 +99,25 @@ class Generation:
         except TimeoutError:
             await self.aclose()
             raise GenerationError(f"the request ran past its deadline of {self._timeout:g} s "
-                                  "(option.predict_timeout)", ErrorKind.TIMEOUT) from None
+                                  f"({self._timeout_source})", ErrorKind.TIMEOUT) from None
         except GenerationError:
             await self.aclose()
             raise
         except Exception as exc:
+            if not isinstance(exc, EngineFailure):  # the engine's supervisor handles those
+                self._outcome(False)
             await self.aclose()
             raise GenerationError(str(exc) or type(exc).__name__, crashed=True) from exc
         if pairs is None:
             await self.aclose()
             raise GenerationError(UNFINISHED)
-        self._open -= {index for index, output in pairs if output.finished}
+        if self._observer is not None:
+            self._observer.outputs(pairs)
+        for index, output in pairs:
+            if output.finished:
+                self._open.discard(index)
+                self._outcome(not any(seq.finish_reason == FinishReason.ERROR
+                                      for seq in output.outputs))
         return pairs
 
     async def __aiter__(self) -> AsyncIterator[list[Pair]]:
@@ -111,6 +134,8 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        if self._observer is not None:
+            self._observer.abandoned(self._open)
         with anyio.CancelScope(shield=True):
             await self._source.aclose()
             for index in sorted(self._open):

@@ -44,6 +44,7 @@ class ContinuousBatcher:
         max_batch_size: int,
         max_prefill_tokens: int,
         max_model_len: int,
+        counters: dict[str, int] | None = None,  # carried over from a batcher this replaces
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -59,7 +60,8 @@ class ContinuousBatcher:
         self.states: dict[str, RequestState] = {}
         self._owner: list[Sequence | None] = [None] * max_batch_size
         self._unstarted_failures: list[RequestOutput] = []
-        self._counters = {"prompt_tokens": 0, "generated_tokens": 0, "finished_requests": 0}
+        self.counters = counters or {"prompt_tokens": 0, "generated_tokens": 0,
+                                     "finished_requests": 0}
 
     # -- public surface -------------------------------------------------------------------------
 
@@ -88,7 +90,8 @@ class ContinuousBatcher:
     def stats(self) -> dict[str, int]:
         """Read from other threads: plain ints, so a slightly stale view at worst."""
         return {"running_requests": len(self.states), "waiting_requests": len(self.waiting),
-                **self._counters}
+                "kv_cache_slots_in_use": self._used_slots(),
+                "kv_cache_slots_total": self.max_batch_size, **self.counters}
 
     @property
     def running(self) -> int:
@@ -145,7 +148,7 @@ class ContinuousBatcher:
                 log.exception("request %s failed to start", request.request_id)
                 self._fail_unstarted(request, exc)
                 continue
-            self._counters["prompt_tokens"] += len(state.prompt_ids)
+            self.counters["prompt_tokens"] += len(state.prompt_ids)
             first = state.sequences[0]
             first.slot = self._free_slot()
             self._owner[first.slot] = first
@@ -339,7 +342,7 @@ class ContinuousBatcher:
         params = seq.params
         seq.token_ids.append(token_id)
         seq.generated += 1
-        self._counters["generated_tokens"] += 1
+        self.counters["generated_tokens"] += 1
         seq.cumulative_logprob += logprob
         seq.sampler.append(token_id)
         text = seq.detokenizer.add(token_id)
@@ -389,4 +392,4 @@ class ContinuousBatcher:
             self._owner[state.sequences[0].slot] = None
         for request_id in [r for r, s in self.states.items() if s.finished]:
             del self.states[request_id]
-            self._counters["finished_requests"] += 1
+            self.counters["finished_requests"] += 1

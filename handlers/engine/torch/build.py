@@ -18,5 +18,6 @@ def build(config: Config) -> EngineBuild:
     if not config.enable_chunked_prefill:  # whole prompts: a step prefills up to the context
         prefill = max(prefill, loaded.max_model_len)
     engine = TorchEngine(loaded, max_batch_size=config.max_rolling_batch_size,
-                         max_prefill_tokens=prefill, chat_template=chat_template_text(config))
+                         max_prefill_tokens=prefill, chat_template=chat_template_text(config),
+                         stall_timeout=config.engine_stall_timeout or None)
     return EngineBuild(engine, main_loop=engine, steppable=engine)

@@ -7,6 +7,12 @@ thread-safe inbox (new requests, aborts). The loop runs in a thread of its own (
 the thread that calls `run_forever` (lmi-serve's main thread: torch ops measured ~1.4x faster
 there). Instead of either, a caller may step the batcher itself (`add`, `step`, `cancel`: the
 DJL entry's one step per call); the two ways never mix on one engine.
+
+Supervision: any exception that escapes the loop (a failed step, a failed abort, a restart
+asked for) ends `run_forever` with `failure` set, after every in-flight and queued request got
+an `EngineFailure`; `reset()` then gives it a fresh batcher and KV cache (the weights are kept)
+for the next `run_forever`. A step running longer than `stall_timeout` makes `stalled()` true.
+Health is false while the loop is not running, has failed, or is stalled.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -26,6 +33,7 @@ from handlers.engine.torch.batcher import ContinuousBatcher
 from handlers.engine.torch.loader import LoadedModel
 from handlers.engine.torch.model_runner import ModelRunner
 from handlers.engine.types import (
+    EngineFailure,
     GenerationRequest,
     RequestOutput,
     RequestValidationError,
@@ -46,32 +54,46 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Restart:
+    reason: str
+
+
 class TorchEngine:
     """Continuous batching over a Hugging Face causal LM (CPU by default, CUDA when present)."""
 
     def __init__(self, loaded: LoadedModel, max_batch_size: int = 32,
-                 max_prefill_tokens: int = 512, chat_template: str | None = None) -> None:
+                 max_prefill_tokens: int = 512, chat_template: str | None = None,
+                 stall_timeout: float | None = None) -> None:
         self.model_name = loaded.name
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.device = loaded.device.type
         self.max_model_len = loaded.max_model_len
-        runner = ModelRunner(loaded.model, max_batch_size, loaded.max_model_len)
-        self.vocab_size = runner.vocab_size
-        self.batcher = ContinuousBatcher(
-            runner, loaded.tokenizer, loaded.eos_token_ids, max_batch_size,
-            max_prefill_tokens, loaded.max_model_len,
-        )
-        self._inbox: queue.SimpleQueue[_Submit | _Abort | None] = queue.SimpleQueue()
+        self._loaded = loaded
+        self._limits = (max_batch_size, max_prefill_tokens)
+        self.batcher = self._new_batcher()
+        self.vocab_size = self.batcher.runner.vocab_size
+        self.stall_timeout = stall_timeout  # seconds one step may run; None: no limit
+        self.failure: BaseException | None = None  # why the loop last ended, until reset()
+        self._step_began: float | None = None  # monotonic time of the step running now
+        self._inbox: queue.SimpleQueue[_Submit | _Abort | _Restart | None] = queue.SimpleQueue()
         self._sinks: dict[str, _Submit] = {}
         self._thread: threading.Thread | None = None
         self._running = False
         self._stopping = False
 
+    def _new_batcher(self, counters: dict[str, int] | None = None) -> ContinuousBatcher:
+        loaded, (max_batch_size, max_prefill_tokens) = self._loaded, self._limits
+        runner = ModelRunner(loaded.model, max_batch_size, loaded.max_model_len)
+        return ContinuousBatcher(runner, loaded.tokenizer, loaded.eos_token_ids, max_batch_size,
+                                 max_prefill_tokens, loaded.max_model_len, counters)
+
     # -- the Engine interface -------------------------------------------------------------------
 
     def health(self) -> bool:
-        return self._running and not self._stopping
+        return (self._running and not self._stopping and self.failure is None
+                and not self.stalled())
 
     def validate(self, request: GenerationRequest) -> None:
         params = request.params
@@ -102,7 +124,7 @@ class TorchEngine:
         if request.prompt_token_ids is None:
             self.validate(request)
         if not self.health():
-            raise RuntimeError("the engine is not running")
+            raise EngineFailure("the engine is not running")
         sink: asyncio.Queue = asyncio.Queue()
         self._inbox.put(_Submit(request, sink, asyncio.get_running_loop()))
         finished = False
@@ -138,6 +160,31 @@ class TorchEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
 
+    # -- supervision (SupervisedLoop) -------------------------------------------------------------
+
+    def stalled(self) -> bool:
+        """Whether the step running now has run past `stall_timeout`."""
+        began = self._step_began
+        return (self.stall_timeout is not None and began is not None
+                and time.monotonic() - began > self.stall_timeout)
+
+    def restart(self, reason: str) -> None:
+        """Make the loop fail with `reason` (its requests get the error), so that its
+        supervisor resets it or stops the process; safe from any thread."""
+        self._inbox.put(_Restart(reason))
+
+    def abandon(self, reason: str) -> None:
+        """Fail every request now, from another thread, while the loop is stuck in a step."""
+        self.failure = EngineFailure(reason)
+        self._fail_all(self.failure, abort=False)
+
+    def reset(self) -> None:
+        """A fresh batcher and KV cache after a failure; counters carry on."""
+        self.batcher = self._new_batcher(self.batcher.counters)
+        self._sinks.clear()
+        self._step_began = None
+        self.failure = None
+
     # -- stepping from the caller's thread (SteppableEngine) --------------------------------------
 
     def add(self, request: GenerationRequest) -> None:
@@ -159,12 +206,21 @@ class TorchEngine:
     # -- the engine loop ------------------------------------------------------------------------
 
     def run_forever(self) -> None:
-        """Step while there is work, sleep on the inbox while there is none, until `stop()`."""
+        """Step while there is work, sleep on the inbox while there is none, until `stop()`
+        or a failure (then `failure` says which)."""
         self._running = True
         try:
             self._run()
+        except Exception as exc:  # the batcher's state is no longer trusted: fail everything
+            log.exception("the engine loop failed")
+            self.failure = exc
+            failure = exc if isinstance(exc, EngineFailure) else EngineFailure(
+                f"the engine failed ({type(exc).__name__}: {exc})")
+            self._fail_all(failure, abort=False)
+            self._fail_queued(failure)
         finally:
             self._running = False
+            self._step_began = None
 
     def _run(self) -> None:
         with torch.inference_mode():
@@ -173,12 +229,9 @@ class TorchEngine:
                     break
                 if not self.batcher.has_work:
                     continue
-                try:
-                    outputs = self.batcher.step(emit_first=self._deliver)
-                except Exception as exc:  # a bug in the step itself: fail what is running
-                    log.exception("engine step failed")
-                    self._fail_all(exc)
-                    continue
+                self._step_began = time.monotonic()
+                outputs = self.batcher.step(emit_first=self._deliver)
+                self._step_began = None
                 for output in outputs:
                     self._deliver(output)
         self._fail_all(RuntimeError("the engine shut down"))
@@ -193,6 +246,8 @@ class TorchEngine:
             block = False
             if item is None:
                 return False
+            if isinstance(item, _Restart):
+                raise EngineFailure(item.reason)
             if isinstance(item, _Submit):
                 self._sinks[item.request.request_id] = item
                 self.batcher.add(item.request)
@@ -211,8 +266,25 @@ class TorchEngine:
             del self._sinks[rid]
         submit.loop.call_soon_threadsafe(submit.sink.put_nowait, output)
 
-    def _fail_all(self, exc: Exception) -> None:
+    def _fail_all(self, exc: Exception, abort: bool = True) -> None:
+        """End every request with `exc`; `abort`: free their slots too (a batcher that failed
+        is replaced instead)."""
         for request_id in list(self._sinks):
-            self.batcher.abort(request_id)
+            if abort:
+                self.batcher.abort(request_id)
             self._deliver(exc, request_id)
+
+    def _fail_queued(self, exc: Exception) -> None:
+        """End the submissions still in the inbox (a stop asked for is kept)."""
+        stop = False
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Submit):
+                item.loop.call_soon_threadsafe(item.sink.put_nowait, exc)
+            stop = stop or item is None
+        if stop:
+            self._inbox.put(None)
 

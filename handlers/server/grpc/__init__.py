@@ -9,6 +9,10 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from handlers.server.context import ServerContext
+from handlers.server.grpc.api_key import ApiKeyInterceptor
+from handlers.server.grpc.counting import CountingInterceptor
+from handlers.server.grpc.decoding import DecodeGuard
+from handlers.server.grpc.request_id import RequestIdInterceptor
 from handlers.server.grpc.servicer import InferenceServicer
 
 log = logging.getLogger(__name__)
@@ -18,9 +22,13 @@ GRACE_SECONDS = 30  # what in-flight RPCs get to finish once the server drains, 
 
 class GrpcServer:
     def __init__(self, ctx: ServerContext, host: str, port: int) -> None:
-        limit = ctx.settings.max_request_size
+        limit = ctx.settings.max_request_size  # a larger message: RESOURCE_EXHAUSTED
+        key = ctx.settings.api_key
+        guard = [ApiKeyInterceptor(key)] if key else []
         self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                                ("grpc.max_send_message_length", limit)])
+                                                ("grpc.max_send_message_length", limit)],
+                                       interceptors=[CountingInterceptor(ctx.telemetry), *guard,
+                                                     RequestIdInterceptor(), DecodeGuard()])
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(ctx),
                                                                     self._server)
         self.address = f"{host}:{port}"

@@ -25,6 +25,7 @@ from handlers.protocols.lmi.request import LmiParameters
 from handlers.protocols.outputs import output_failure
 from handlers.server.context import Served, ServerContext
 from handlers.server.generation import Generation, complete, validate_each
+from handlers.server.grpc.decoding import Undecodable
 from handlers.server.status import GRPC
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _prepare(self, request: Any, deadline: float | None, stream: bool = False
                  ) -> tuple[kserve_v2.InferRequest, LmiParameters, Generation]:
+        if isinstance(request, Undecodable):  # a streamed message that did not parse
+            raise KServeError(request.message)
         engine = self._generator(request.model_name, request.model_version) \
             .ready_engine(KServeError)
         infer = kserve_v2.infer_request(request.id, _tensors(request), _parameters(request),

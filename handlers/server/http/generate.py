@@ -104,7 +104,7 @@ async def _stream(events: list[Event], generation: Generation, renderer: Generat
             for event in _events(renderer, pairs):
                 yield [event]
     except (KServeError, GenerationError) as exc:
-        log.warning("[RequestId=%s] generation failed mid-stream: %s", rid, exc.message)
+        log.warning("generation failed mid-stream: %s", exc.message)
         yield [error_event(exc.message)]
     finally:
         await generation.aclose()

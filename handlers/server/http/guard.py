@@ -41,7 +41,7 @@ async def read_then(protocol: HttpProtocol, request: Request, limit: int,
     try:
         body = await read_json(request, limit)
     except BodyError as exc:
-        log.info("[RequestId=%s] bad body: %s", rid, exc.message)
+        log.info("bad body: %s", exc.message)
         return protocol.error(exc.message, exc.kind)
     return await answer(body, rid)
 
@@ -51,15 +51,18 @@ async def guarded(protocol: HttpProtocol, rid: str, work: Callable[[], Awaitable
     try:
         return await work()
     except ProtocolError as exc:
-        log.info("[RequestId=%s] %s request refused: %s", rid, protocol.name, exc.message)
+        log.info("%s request refused: %s", protocol.name, exc.message)
         return error_reply(exc, protocol.table)
     except ClientGone:
-        log.info("[RequestId=%s] client disconnected; request aborted", rid)
+        log.info("client disconnected; request aborted")
         return Reply(GONE, None)
     except GenerationError as exc:
-        log.warning("[RequestId=%s] generation failed: %s", rid, exc.message,
+        log.warning("generation failed: %s", exc.message,
                     exc_info=exc.__cause__ if exc.crashed else None)
         return error_reply(protocol.failure(exc), protocol.table)
+    except RecursionError:  # a body nested deeply enough for some walk over it to give up
+        log.info("%s request refused: nested too deeply", protocol.name)
+        return protocol.error("the request is nested too deeply", ErrorKind.VALIDATION)
     except Exception:
-        log.exception("[RequestId=%s] unexpected error", rid)
+        log.exception("unexpected error")
         return protocol.error("internal server error", ErrorKind.INTERNAL)

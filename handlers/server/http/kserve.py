@@ -10,7 +10,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,7 +21,13 @@ from handlers.protocols.kserve_v2 import KServeError
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
 from handlers.server.generation import complete, validate_each
-from handlers.server.http.body import BodyError, read_body, request_id
+from handlers.server.http.body import (
+    BodyError,
+    adopt_request_id,
+    decode_json,
+    read_body,
+    request_id,
+)
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.http.responses import BINARY_HEADER_LENGTH, disconnect_watch, to_response
 from handlers.server.status import HTTP
@@ -171,6 +176,7 @@ async def _infer(ctx: ServerContext, request: Request, model: str, version: str 
         engine = _generator(ctx, model, version).ready_engine(KServeError)
         header, binary = await _read_infer_body(request, ctx.settings.max_request_size)
         infer = kserve_v2.parse_rest_request(header, binary)
+        adopt_request_id(infer.id)
         gens, params = kserve_v2.generation_requests(infer)
         validate_each(engine, gens, lambda i: f"{kserve_v2.TEXT_INPUT}[{i}]", KServeError)
         generation = ctx.generation(engine, gens, kserve_v2.timeout_seconds(infer))
@@ -187,16 +193,18 @@ async def _read_infer_body(request: Request, limit: int) -> tuple[Any, bytes]:
     """The JSON header and the binary data after it (Triton's binary tensor data extension)."""
     try:
         raw = await read_body(request, limit)
+        size = _json_length(request, len(raw))
+        return decode_json(raw[:size], "the request's JSON is not valid"), raw[size:]
     except BodyError as exc:
         raise KServeError(exc.message, exc.kind) from None
+
+
+def _json_length(request: Request, size: int) -> int:
+    """How many of the body's `size` bytes are JSON: those Triton's header says, else all."""
     declared = request.headers.get(BINARY_HEADER_LENGTH)
-    size = len(raw)
-    if declared is not None:
-        if not declared.isdigit() or int(declared) > len(raw):
-            raise KServeError(f"{BINARY_HEADER_LENGTH}: {declared!r} is not a length within "
-                              f"the {len(raw)}-byte body")
-        size = int(declared)
-    try:
-        return orjson.loads(raw[:size]), raw[size:]
-    except orjson.JSONDecodeError as exc:
-        raise KServeError(f"the request's JSON is not valid: {exc}") from None
+    if declared is None:
+        return size
+    if not declared.isdigit() or int(declared) > size:
+        raise BodyError(f"{BINARY_HEADER_LENGTH}: {declared!r} is not a length within the "
+                        f"{size}-byte body", ErrorKind.VALIDATION)
+    return int(declared)

@@ -79,7 +79,7 @@ async def _rolling(ctx: ServerContext, request: Request, body: Any, rid: str) ->
     settings = ctx.settings
     opts = RenderOptions.for_request(lmi, settings.tgi_compat)
     style = answer_style(lmi, settings.output_formatter, settings.tgi_compat)
-    log.info("[RequestId=%s] LMI request %s, stream=%s", rid, gen.request_id, lmi.stream)
+    log.info("LMI request %s, stream=%s", gen.request_id, lmi.stream)
     generation = ctx.generation(engine, [gen])
     watch = disconnect_watch(request)
     if style is not None:
@@ -101,7 +101,7 @@ async def _token_events(renderer: StreamRenderer, pairs: list[Pair], generation:
         async for pairs in generation:
             yield [event for _, output in pairs for event in renderer.feed(output)]
     except GenerationError as exc:
-        log.warning("[RequestId=%s] generation failed mid-stream: %s", rid, exc.message)
+        log.warning("generation failed mid-stream: %s", exc.message)
         if not renderer.done:
             yield [renderer.error(exc.message)]
     finally:
@@ -115,7 +115,7 @@ async def _dynamic(ctx: ServerContext, request: Request, body: Any, rid: str) ->
     parsed = parse_dynamic_request(body)
     gens = to_generation_requests(parsed)
     validate_inputs(parsed, gens, ctx.generator.engine.validate)
-    log.info("[RequestId=%s] dynamic-batch request with %d inputs", rid, len(gens))
+    log.info("dynamic-batch request with %d inputs", len(gens))
     generation = ctx.generation(ctx.generator.engine, gens)
     watch = disconnect_watch(request)
     if ctx.settings.dynamic_streaming:
@@ -154,7 +154,7 @@ async def _line_events(events: list[Event], lines: StreamLines, generation: Gene
         if lines.failure is not None:
             yield [lines.error(lines.failure.message, LMI_HTTP[lines.failure.kind])]
     except GenerationError as exc:
-        log.warning("[RequestId=%s] generation failed mid-stream: %s", rid, exc.message)
+        log.warning("generation failed mid-stream: %s", exc.message)
         yield [lines.error(exc.message, LMI_HTTP[exc.kind])]
     finally:
         await generation.aclose()

@@ -113,7 +113,7 @@ async def completion_body(ctx: ServerContext, request: Request, body: Any, rid: 
 def _admit(engine: Engine, gen: GenerationRequest, request: GenerationFields, prompt_field: str,
            rid: str) -> None:
     if ignored := request.ignored_fields:
-        log.warning("[RequestId=%s] ignoring unknown fields %s", rid, ignored)
+        log.warning("ignoring unknown fields %s", ignored)
     admit(engine, gen, request, prompt_field)
 
 
@@ -161,7 +161,7 @@ async def _chunk_events(pairs: list[Pair], generation: Generation, feed: Feed, r
                 for chunk in feed(i, output):
                     yield [Event(chunk)]
     except GenerationError as exc:
-        log.warning("[RequestId=%s] generation failed mid-stream: %s", rid, exc.message)
+        log.warning("generation failed mid-stream: %s", exc.message)
         error = OpenAIError(f"generation failed: {exc.message}", kind=ErrorKind.FAILED)
         yield [Event(error.payload(HTTP[error.kind]))]
     finally:

@@ -94,13 +94,13 @@ async def _event_stream(answer: Reply | StreamReply, rid: str) -> AsyncIterator[
             if data := answer.encode(events[:failed]):
                 yield payload_part(data)
             if failed is not None:
-                log.info("[RequestId=%s] model stream failed: %s", rid, events[failed].failure)
+                log.info("model stream failed: %s", events[failed].failure)
                 yield model_stream_error(events[failed].failure)
                 return
         if answer.framing.trailer is not None:
             yield payload_part(answer.framing.trailer)
     except Exception as exc:
-        log.exception("[RequestId=%s] model stream failed", rid)
+        log.exception("model stream failed")
         yield model_stream_error(str(exc) or type(exc).__name__)
     finally:
         with anyio.CancelScope(shield=True):

@@ -136,7 +136,7 @@ async def _stream(ctx: ServerContext, request: Request, parsed: TgiRequest, rid:
                     yield [event]
     except (TgiError, GenerationError) as exc:
         error = exc if isinstance(exc, TgiError) else TgiError.of(exc)
-        log.info("[RequestId=%s] TGI stream ended with an error: %s", rid, error.message)
+        log.info("TGI stream ended with an error: %s", error.message)
         yield [tgi.error_event(error)]
     finally:
         if generation is not None:

@@ -1,0 +1,204 @@
+"""Soak: lmi-serve under mixed traffic for a long while (default 20 minutes), sampling the
+server's RSS, open files, threads and KV-cache slots in use every `--interval` seconds; after
+warm-up the samples should stay flat. Traffic: whole answers, streams read to the end, streams
+the client drops after a few tokens, requests past a 1 ms deadline (KServe V2 `timeout`) and
+invalid requests, from `--clients` concurrent clients. Prints a table, saves JSON and a PNG.
+
+    .venv/bin/python bench/soak.py                       # 20 minutes, the embedded default
+    .venv/bin/python bench/soak.py --minutes 2 --interval 10   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+from tqdm import tqdm
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.launcher import ServerProcess  # noqa: E402
+from bench.prompts import QUESTIONS, prompt  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=20)
+    parser.add_argument("--interval", type=float, default=60, help="seconds between samples")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=psutil.cpu_count())
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    return parser.parse_args(argv)
+
+
+# -- the traffic ------------------------------------------------------------------------------
+
+
+async def whole(http: httpx.AsyncClient, rng: random.Random) -> str:
+    body = {"inputs": prompt(rng.randrange(1000)),
+            "parameters": {"max_new_tokens": rng.randint(8, 48)}}
+    return "whole" if (await http.post("/invocations", json=body)).status_code == 200 else "error"
+
+
+async def stream(http: httpx.AsyncClient, rng: random.Random, drop_after: int | None) -> str:
+    body = {"messages": [{"role": "user", "content": rng.choice(QUESTIONS)}],
+            "max_tokens": 48, "stream": True}
+    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        events = 0
+        async for _line in response.aiter_lines():
+            events += 1
+            if drop_after is not None and events >= drop_after:
+                return "dropped"  # leaving the block closes the connection mid-stream
+    return "streamed" if response.status_code == 200 else "error"
+
+
+async def past_deadline(http: httpx.AsyncClient, rng: random.Random) -> str:
+    body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
+                        "data": [rng.choice(QUESTIONS)]}],
+            "parameters": {"max_new_tokens": 64, "timeout": 1000}}  # microseconds
+    response = await http.post("/v2/models/smollm2-135m-instruct/infer", json=body)
+    return "timed out" if "deadline" in response.text else "error"
+
+
+async def invalid(http: httpx.AsyncClient, rng: random.Random) -> str:
+    body = {"inputs": "x", "parameters": {"max_new_tokens": -rng.randint(1, 9)}}
+    response = await http.post("/invocations", json=body)
+    return "refused" if 400 <= response.status_code < 500 else "error"
+
+
+async def one(http: httpx.AsyncClient, rng: random.Random) -> str:
+    kind = rng.random()
+    if kind < 0.35:
+        return await whole(http, rng)
+    if kind < 0.6:
+        return await stream(http, rng, None)
+    if kind < 0.8:
+        return await stream(http, rng, rng.randint(2, 6))
+    if kind < 0.9:
+        return await past_deadline(http, rng)
+    return await invalid(http, rng)
+
+
+async def client(url: str, seed: int, until: float, outcomes: Counter) -> None:
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+        while time.monotonic() < until:
+            try:
+                outcomes[await one(http, rng)] += 1
+            except httpx.HTTPError:
+                outcomes["transport error"] += 1
+
+
+# -- the samples ------------------------------------------------------------------------------
+
+
+def metric(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    return float("nan")
+
+
+def sample(server: psutil.Process, url: str, started: float, outcomes: Counter) -> dict[str, Any]:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {"minute": round((time.monotonic() - started) / 60, 2),
+            "rss_mb": round(server.memory_info().rss / 2**20, 1),
+            "open_files": server.num_fds(), "threads": server.num_threads(),
+            "slots_in_use": metric(text, "lmi_kv_cache_slots_in_use"),
+            "running": metric(text, "lmi_running_requests"),
+            "requests": sum(outcomes.values())}
+
+
+async def soak(url: str, server: psutil.Process, args: argparse.Namespace
+               ) -> tuple[list[dict[str, Any]], Counter]:
+    outcomes: Counter = Counter()
+    started = time.monotonic()
+    until = started + args.minutes * 60
+    clients = [asyncio.create_task(client(url, args.seed + i, until, outcomes))
+               for i in range(args.clients)]
+    samples = [sample(server, url, started, outcomes)]
+    with tqdm(total=round(args.minutes * 60), unit="s", file=sys.stderr) as bar:
+        while time.monotonic() < until:
+            await asyncio.sleep(min(args.interval, max(until - time.monotonic(), 0)))
+            samples.append(await asyncio.to_thread(sample, server, url, started, outcomes))
+            bar.n = min(round(time.monotonic() - started), bar.total)
+            bar.set_postfix(requests=sum(outcomes.values()))
+            bar.refresh()
+    await asyncio.gather(*clients)
+    samples.append(await asyncio.to_thread(sample, server, url, started, outcomes))
+    return samples, outcomes
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+COLUMNS = ("minute", "rss_mb", "open_files", "threads", "slots_in_use", "running", "requests")
+
+
+def table(samples: list[dict[str, Any]]) -> str:
+    rows = [COLUMNS, *[tuple(str(s[c]) for c in COLUMNS) for s in samples]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True))
+                     for row in rows)
+
+
+def plot(samples: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [s["minute"] for s in samples]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, key, label in zip(axes, ("rss_mb", "open_files", "slots_in_use"),
+                              ("RSS (MiB)", "open files", "KV slots in use (at the sample)"),
+                              strict=True):
+        ax.plot(minutes, [s[key] for s in samples], marker="o")
+        ax.set_xlabel("minute")
+        ax.set_title(label)
+        ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    with ServerProcess(args.out / "soak-server.log", args.max_batch, args.threads) as server:
+        server.wait_ready(600)
+        samples, outcomes = asyncio.run(soak(server.url, psutil.Process(server.proc.pid), args))
+    print(table(samples))
+    print("outcomes:", dict(sorted(outcomes.items())))
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "samples": samples,
+           "outcomes": dict(outcomes), "cpu": _cpu()}
+    (args.out / f"soak-{stamp}.json").write_text(json.dumps(doc, indent=1))
+    plot(samples, args.out / f"soak-{stamp}.png")
+    print(f"saved {args.out}/soak-{stamp}.json and .png")
+    return 1 if outcomes["error"] or outcomes["transport error"] else 0
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Nothing leaks: 1,000 requests to a real server over the torch engine (the tiny model), a third
+run to their end, a third aborted by clients that go away mid-stream, a third past their deadline
+(Triton's `timeout`), leave no batch slot, cached sequence, server task, thread or file
+descriptor behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import psutil
+import pytest
+from server_process import serving
+from tiny_model import make_tiny_model_dir
+
+from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.torch.loader import load_model
+from handlers.server.app import create_app
+from handlers.server.context import Served, ServerContext, ServerSettings
+
+REQUESTS = 1000
+CONCURRENCY = 16
+LONG = {"max_new_tokens": 400, "min_new_tokens": 400}
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("tiny")), dtype="fp32")
+
+
+async def complete(http: httpx.AsyncClient) -> str:
+    body = {"inputs": "hello there", "parameters": {"max_new_tokens": 4}}
+    response = await http.post("/invocations", json=body)
+    return "done" if response.status_code == 200 else f"done: {response.status_code}"
+
+
+async def abandon(http: httpx.AsyncClient) -> str:
+    body = {"inputs": "tell me a story", "parameters": LONG, "stream": True}
+    async with http.stream("POST", "/invocations", json=body) as response:
+        async for _line in response.aiter_lines():
+            return "aborted"  # the first token came: go away
+    return "aborted: no token"
+
+
+async def time_out(http: httpx.AsyncClient) -> str:
+    body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
+                        "data": ["a long answer"]}],
+            "parameters": {**LONG, "timeout": 1000}}  # microseconds: far less than 400 tokens
+    response = await http.post("/v2/models/tiny/infer", json=body)
+    return "timed out" if "deadline" in response.text else f"timed out: {response.status_code}"
+
+
+async def run_all(url: str, count: int = REQUESTS) -> list[str]:
+    kinds = [complete, abandon, time_out]
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(i: int) -> str:
+        async with gate, httpx.AsyncClient(base_url=url, timeout=120) as http:
+            return await kinds[i % 3](http)
+
+    return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+async def server_tasks(ctx: ServerContext) -> int:
+    async def count() -> int:
+        return len(asyncio.all_tasks())
+
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(count(), ctx.loop))
+
+
+async def settled(engine: TorchEngine) -> None:
+    """Aborts reach the engine loop after the client's answer: wait for them by count."""
+    while engine.batcher.has_work or engine.batcher.states:
+        await asyncio.sleep(0.05)
+
+
+async def closed(process: psutil.Process, fds: int) -> None:
+    """The server closes a connection's socket after its client went: wait for it by count."""
+    while process.num_fds() > fds:
+        await asyncio.sleep(0.05)
+
+
+async def test_a_thousand_requests_a_third_aborted_and_a_third_timed_out_leak_nothing(loaded):
+    engine = TorchEngine(loaded, max_batch_size=8)
+    await engine.start()
+    ctx = ServerContext(ServerSettings("tiny"), Served("tiny", engine))
+    process = psutil.Process()
+    try:
+        with serving(create_app(ctx)) as url:
+            await run_all(url, 99)  # first: lazily made pools and caches settle
+            before = (process.num_fds(), process.num_threads(), await server_tasks(ctx))
+            outcomes = await run_all(url)
+            await asyncio.wait_for(settled(engine), 120)
+            await asyncio.wait_for(closed(process, before[0]), 60)
+            after = (process.num_fds(), process.num_threads(), await server_tasks(ctx))
+    finally:
+        await engine.shutdown()
+    assert sorted(set(outcomes)) == ["aborted", "done", "timed out"]
+    assert ctx.admission.held == 0
+    batcher = engine.batcher
+    assert not batcher.waiting and not batcher.prefilling and not batcher.decoding
+    assert batcher.stats()["kv_cache_slots_in_use"] == 0
+    assert batcher.runner.cache.capacity == batcher.runner.cache.initial_len  # grown, given back
+    assert after == before
