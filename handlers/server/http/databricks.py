@@ -32,13 +32,13 @@ def router(ctx: ServerContext) -> APIRouter:
             error = model_not_found(model, ", ".join(served))
             return to_response(error_reply(error, OPENAI.table))
 
-        async def endpoint(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
+        async def endpoint(ctx: ServerContext, request: Request, body: Any) -> Answer:
             async def task() -> Answer:
                 key = task_key(body)
                 check_endpoint_task(model, key, ctx.embedding_model())
-                return await _HANDLERS[key](ctx, request, body, rid)
+                return await _HANDLERS[key](ctx, request, body)
 
-            return await guarded(OPENAI, rid, task)
+            return await guarded(OPENAI, task)
 
         return to_response(await read_openai(ctx, request, endpoint))
 

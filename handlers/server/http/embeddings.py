@@ -32,7 +32,7 @@ def router(ctx: ServerContext) -> APIRouter:
     return routes
 
 
-async def embeddings_body(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
+async def embeddings_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         served = ctx.embedder
         if served is None:
@@ -52,4 +52,4 @@ async def embeddings_body(ctx: ServerContext, request: Request, body: Any, rid: 
         return Reply(200, render_embeddings(result.vectors, result.prompt_tokens,
                                             engine.model_name, parsed.encoding_format))
 
-    return await guarded(OPENAI, rid, answer)
+    return await guarded(OPENAI, answer)

@@ -50,7 +50,7 @@ def _route(ctx: ServerContext, stream: bool) -> Callable[..., Any]:
     async def generate(model: str, request: Request, version: str | None = None) -> Response:
         return to_response(await read_then(
             GENERATE, request, ctx.settings.max_request_size,
-            lambda body, rid: _answer(ctx, request, model, version, body, rid, stream)))
+            lambda body: _answer(ctx, request, model, version, body, stream)))
 
     return generate
 
@@ -63,7 +63,7 @@ def _engine(ctx: ServerContext, model: str, version: str | None) -> Engine:
 
 
 async def _answer(ctx: ServerContext, request: Request, model: str, version: str | None,
-                  body: Any, rid: str, stream: bool) -> Answer:
+                  body: Any, stream: bool) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx, model, version)
         parsed = parse_generate_request(body)
@@ -75,12 +75,12 @@ async def _answer(ctx: ServerContext, request: Request, model: str, version: str
         watch = disconnect_watch(request)
         if stream:
             events = await first(generation, lambda pairs: _events(renderer, pairs), watch)
-            return StreamReply(_stream(events or [], generation, renderer, rid),
+            return StreamReply(_stream(events or [], generation, renderer),
                                Framing.SSE_COMPACT)
         await collect(generation, lambda pairs: _events(renderer, pairs), watch)
         return Reply(200, renderer.whole())
 
-    return await guarded(GENERATE, rid, answer)
+    return await guarded(GENERATE, answer)
 
 
 def _events(renderer: GenerateRenderer, pairs: list[Pair]) -> list[Event]:
@@ -94,8 +94,8 @@ def _events(renderer: GenerateRenderer, pairs: list[Pair]) -> list[Event]:
     return events
 
 
-async def _stream(events: list[Event], generation: Generation, renderer: GenerateRenderer,
-                  rid: str) -> AsyncIterator[list[Event]]:
+async def _stream(events: list[Event], generation: Generation, renderer: GenerateRenderer
+                  ) -> AsyncIterator[list[Event]]:
     """One chunk per event (each token goes out as it is made); a failure, one error event."""
     try:
         for event in events:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.server.framing import Answer, Reply, error_reply
 from handlers.server.generation import ClientGone
-from handlers.server.http.body import BodyError, read_json, request_id
+from handlers.server.http.body import BodyError, read_json
 from handlers.server.http.responses import GONE
 from handlers.server.status import Table
 
@@ -34,19 +34,18 @@ class HttpProtocol:
 
 
 async def read_then(protocol: HttpProtocol, request: Request, limit: int,
-                    answer: Callable[[Any, str], Awaitable[Answer]]) -> Answer:
-    """Read the JSON body (at most `limit` bytes), then answer it with its request id; a body
-    that cannot be read is refused in the protocol's shape."""
-    rid = request_id(request)
+                    answer: Callable[[Any], Awaitable[Answer]]) -> Answer:
+    """Read the JSON body (at most `limit` bytes), then answer it; a body that cannot be read
+    is refused in the protocol's shape."""
     try:
         body = await read_json(request, limit)
     except BodyError as exc:
         log.info("bad body: %s", exc.message)
         return protocol.error(exc.message, exc.kind)
-    return await answer(body, rid)
+    return await answer(body)
 
 
-async def guarded(protocol: HttpProtocol, rid: str, work: Callable[[], Awaitable[Answer]]
+async def guarded(protocol: HttpProtocol, work: Callable[[], Awaitable[Answer]]
                   ) -> Answer:
     try:
         return await work()

@@ -40,7 +40,7 @@ async def invoke(ctx: ServerContext, request: Request) -> Answer:
     """Answer an invocation body, whichever protocol it speaks (one that cannot be read is
     refused in LMI's shape)."""
     return await read_then(LMI, request, ctx.settings.max_request_size,
-                           lambda body, rid: body_handler(body)(ctx, request, body, rid))
+                           lambda body: body_handler(body)(ctx, request, body))
 
 
 def router(ctx: ServerContext) -> APIRouter:

@@ -26,7 +26,6 @@ from handlers.server.http.body import (
     adopt_request_id,
     decode_json,
     read_body,
-    request_id,
 )
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.http.responses import BINARY_HEADER_LENGTH, disconnect_watch, to_response
@@ -61,8 +60,7 @@ def _v1_routes(routes: APIRouter, ctx: ServerContext) -> None:
     @routes.post("/v1/models/{model}:predict")
     async def predict(model: str, request: Request) -> Response:
         return to_response(await read_then(V1, request, ctx.settings.max_request_size,
-                                           lambda body, rid: _predict(ctx, request, model, body,
-                                                                      rid)))
+                                           lambda body: _predict(ctx, request, model, body)))
 
     @routes.post("/v1/models/{model}:explain")
     async def explain(model: str) -> Response:
@@ -78,8 +76,7 @@ def _served(ctx: ServerContext, model: str) -> Any:
                  if served is not None and served.name == model), None)
 
 
-async def _predict(ctx: ServerContext, request: Request, model: str, body: Any,
-                   rid: str) -> Answer:
+async def _predict(ctx: ServerContext, request: Request, model: str, body: Any) -> Answer:
     async def answer() -> Answer:
         served = _served(ctx, model)
         if served is None:
@@ -100,7 +97,7 @@ async def _predict(ctx: ServerContext, request: Request, model: str, body: Any,
                  for (gen, full), acc in zip(pairs, folded, strict=True)]
         return Reply(200, kserve_v1.render_predictions(texts))
 
-    return await guarded(V1, rid, answer)
+    return await guarded(V1, answer)
 
 
 # --- V2 -----------------------------------------------------------------------------------------
@@ -145,7 +142,7 @@ def _model_metadata(ctx: ServerContext) -> Callable[..., Any]:
             _generator(ctx, model, version)
             return Reply(200, kserve_v2.model_metadata(model))
 
-        return to_response(await guarded(V2, "-", answer))
+        return to_response(await guarded(V2, answer))
 
     return model_metadata
 
@@ -156,7 +153,7 @@ def _model_ready(ctx: ServerContext) -> Callable[..., Any]:
             served = _generator(ctx, model, version)
             return Reply(200 if served.ready else 503, {"name": model, "ready": served.ready})
 
-        return to_response(await guarded(V2, "-", answer))
+        return to_response(await guarded(V2, answer))
 
     return model_ready
 
@@ -170,8 +167,6 @@ def _infer_route(ctx: ServerContext) -> Callable[..., Any]:
 
 async def _infer(ctx: ServerContext, request: Request, model: str, version: str | None
                  ) -> Answer:
-    rid = request_id(request)
-
     async def answer() -> Answer:
         engine = _generator(ctx, model, version).ready_engine(KServeError)
         header, binary = await _read_infer_body(request, ctx.settings.max_request_size)
@@ -186,7 +181,7 @@ async def _infer(ctx: ServerContext, request: Request, model: str, version: str 
         content, tail = kserve_v2.render_response(model, infer, texts)
         return Reply(200, content, tail=tail)
 
-    return await guarded(V2, rid, answer)
+    return await guarded(V2, answer)
 
 
 async def _read_infer_body(request: Request, limit: int) -> tuple[Any, bytes]:

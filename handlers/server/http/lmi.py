@@ -50,7 +50,7 @@ DYNAMIC = HttpProtocol("dynamic-batch", LMI_HTTP, DynamicError,
                        lambda error: DynamicError(error.message, error.kind))
 
 
-async def lmi_body(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
+async def lmi_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     """An LMI body's answer, in the schema the server's batching mode serves."""
     async def answer() -> Answer:
         if ctx.generator is None:
@@ -59,16 +59,16 @@ async def lmi_body(ctx: ServerContext, request: Request, body: Any, rid: str) ->
                            "{\"input\": ...} or use /v1/embeddings")
         ctx.generator.ready_engine(LmiError)
         if ctx.settings.dynamic_batching:
-            return await guarded(DYNAMIC, rid, lambda: _dynamic(ctx, request, body, rid))
-        return await _rolling(ctx, request, body, rid)
+            return await guarded(DYNAMIC, lambda: _dynamic(ctx, request, body))
+        return await _rolling(ctx, request, body)
 
-    return await guarded(LMI, rid, answer)
+    return await guarded(LMI, answer)
 
 
 # --- rolling batch ------------------------------------------------------------------------------
 
 
-async def _rolling(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
+async def _rolling(ctx: ServerContext, request: Request, body: Any) -> Answer:
     engine: Engine = ctx.generator.engine
     lmi = parse_lmi_request(body)
     gen = to_generation_request(lmi)
@@ -88,14 +88,14 @@ async def _rolling(ctx: ServerContext, request: Request, body: Any, rid: str) ->
         if (failed := early_failure(pairs[0][1])) is not None:
             await generation.aclose()
             raise failed
-        return StreamReply(_token_events(renderer, pairs, generation, rid), LMI_FRAMING[style])
+        return StreamReply(_token_events(renderer, pairs, generation), LMI_FRAMING[style])
     folded = Folded()
     await collect(generation, lambda pairs: [folded.add(output) for _, output in pairs], watch)
     return Reply(200, render_json(folded, opts))
 
 
-async def _token_events(renderer: StreamRenderer, pairs: list[Pair], generation: Generation,
-                        rid: str) -> AsyncIterator[list[Event]]:
+async def _token_events(renderer: StreamRenderer, pairs: list[Pair], generation: Generation
+                        ) -> AsyncIterator[list[Event]]:
     try:
         yield [event for _, output in pairs for event in renderer.feed(output)]
         async for pairs in generation:
@@ -111,7 +111,7 @@ async def _token_events(renderer: StreamRenderer, pairs: list[Pair], generation:
 # --- dynamic batching ---------------------------------------------------------------------------
 
 
-async def _dynamic(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
+async def _dynamic(ctx: ServerContext, request: Request, body: Any) -> Answer:
     parsed = parse_dynamic_request(body)
     gens = to_generation_requests(parsed)
     validate_inputs(parsed, gens, ctx.generator.engine.validate)
@@ -119,13 +119,13 @@ async def _dynamic(ctx: ServerContext, request: Request, body: Any, rid: str) ->
     generation = ctx.generation(ctx.generator.engine, gens)
     watch = disconnect_watch(request)
     if ctx.settings.dynamic_streaming:
-        return await _dynamic_stream(generation, len(gens), watch, rid)
+        return await _dynamic_stream(generation, len(gens), watch)
     folded = [Folded() for _ in gens]
     await collect(generation, lambda pairs: [folded[i].add(out) for i, out in pairs], watch)
     return Reply(200, render_answer(folded, parsed))
 
 
-async def _dynamic_stream(generation: Generation, inputs: int, watch: Watch, rid: str
+async def _dynamic_stream(generation: Generation, inputs: int, watch: Watch
                           ) -> Answer:
     """Answers 200 once the batch released text; a failure before that is an error status."""
     lines = StreamLines(inputs)
@@ -138,11 +138,11 @@ async def _dynamic_stream(generation: Generation, inputs: int, watch: Watch, rid
     if lines.failure is not None and not events:
         await generation.aclose()
         raise DynamicError(lines.failure.message, lines.failure.kind)
-    return StreamReply(_line_events(events, lines, generation, rid), Framing.JSONLINES)
+    return StreamReply(_line_events(events, lines, generation), Framing.JSONLINES)
 
 
-async def _line_events(events: list[Event], lines: StreamLines, generation: Generation,
-                       rid: str) -> AsyncIterator[list[Event]]:
+async def _line_events(events: list[Event], lines: StreamLines, generation: Generation
+                       ) -> AsyncIterator[list[Event]]:
     try:
         yield events
         if not lines.done:

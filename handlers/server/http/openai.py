@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 OPENAI = HttpProtocol("OpenAI", HTTP, lambda message, kind: OpenAIError(message, kind=kind),
                       generation_failed)
 Feed = Callable[[int, RequestOutput], list[dict[str, Any]]]
-BodyHandler = Callable[[ServerContext, Request, Any, str], Awaitable[Answer]]
+BodyHandler = Callable[[ServerContext, Request, Any], Awaitable[Answer]]
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -66,7 +66,7 @@ def router(ctx: ServerContext) -> APIRouter:
 async def read_openai(ctx: ServerContext, request: Request, handler: BodyHandler) -> Answer:
     """Answer an OpenAI-shaped body with `handler` (an OpenAI error when it cannot be read)."""
     return await read_then(OPENAI, request, ctx.settings.max_request_size,
-                           lambda body, rid: handler(ctx, request, body, rid))
+                           lambda body: handler(ctx, request, body))
 
 
 def _engine(ctx: ServerContext) -> Engine:
@@ -76,42 +76,41 @@ def _engine(ctx: ServerContext) -> Engine:
     return ctx.generator.ready_engine(OPENAI.refusal)
 
 
-async def chat_body(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
+async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
         settings = ctx.settings
         job = prepare_chat(body, engine.tokenizer, settings.model_name,
                            settings.full_text_enabled)
-        _admit(engine, job.gen, job.request, "messages", rid)
+        _admit(engine, job.gen, job.request, "messages")
         generation = ctx.generation(engine, [job.gen])
         if job.request.stream:
             stream = ChatStream(job.context, job.options)
-            return await _stream(request, generation, lambda _, output: stream.feed(output), rid)
+            return await _stream(request, generation, lambda _, output: stream.feed(output))
         results = await _collect(request, generation, 1)
         return Reply(200, render_chat_completion(job.context, job.options, results[0]))
 
-    return await guarded(OPENAI, rid, answer)
+    return await guarded(OPENAI, answer)
 
 
-async def completion_body(ctx: ServerContext, request: Request, body: Any, rid: str) -> Answer:
+async def completion_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
         job = prepare_completion(body, engine.tokenizer, ctx.settings.model_name)
         for i, gen in enumerate(job.gens):
-            _admit(engine, gen, job.request, "prompt" if len(job.gens) == 1 else f"prompt[{i}]",
-                   rid)
+            _admit(engine, gen, job.request, "prompt" if len(job.gens) == 1 else f"prompt[{i}]")
         generation = ctx.generation(engine, job.gens)
         if job.request.stream:
             stream = CompletionStream(job.context, job.options)
-            return await _stream(request, generation, stream.feed, rid)
+            return await _stream(request, generation, stream.feed)
         results = await _collect(request, generation, len(job.gens))
         return Reply(200, render_completion(job.context, job.options, results))
 
-    return await guarded(OPENAI, rid, answer)
+    return await guarded(OPENAI, answer)
 
 
-def _admit(engine: Engine, gen: GenerationRequest, request: GenerationFields, prompt_field: str,
-           rid: str) -> None:
+def _admit(engine: Engine, gen: GenerationRequest, request: GenerationFields,
+           prompt_field: str) -> None:
     if ignored := request.ignored_fields:
         log.warning("ignoring unknown fields %s", ignored)
     admit(engine, gen, request, prompt_field)
@@ -137,17 +136,17 @@ async def _collect(request: Request, generation: Generation, prompts: int) -> li
     return results
 
 
-async def _stream(request: Request, generation: Generation, feed: Feed, rid: str) -> Answer:
+async def _stream(request: Request, generation: Generation, feed: Feed) -> Answer:
     pairs = await first(generation, lambda pairs: pairs, disconnect_watch(request))
     try:
         _check(pairs)
     except OpenAIError:
         await generation.aclose()
         raise
-    return StreamReply(_chunk_events(pairs, generation, feed, rid), Framing.OPENAI_SSE)
+    return StreamReply(_chunk_events(pairs, generation, feed), Framing.OPENAI_SSE)
 
 
-async def _chunk_events(pairs: list[Pair], generation: Generation, feed: Feed, rid: str
+async def _chunk_events(pairs: list[Pair], generation: Generation, feed: Feed
                         ) -> AsyncIterator[list[Event]]:
     # One chunk per event: each goes out on its own (a PayloadPart of its own on SageMaker).
     try:

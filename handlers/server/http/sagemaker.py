@@ -20,7 +20,6 @@ from starlette.responses import Response
 from handlers.protocols.sagemaker_eventstream import EVENT_STREAM, model_stream_error, payload_part
 from handlers.server.context import ServerContext
 from handlers.server.framing import JSON_MEDIA_TYPE, Reply, StreamReply
-from handlers.server.http.body import request_id
 from handlers.server.http.invocations import invoke
 from handlers.server.http.responses import (
     ClosingStreamingResponse,
@@ -51,7 +50,7 @@ def router(ctx: ServerContext) -> APIRouter:
         answer = await invoke(ctx, request)
         if isinstance(answer, Reply) and answer.status >= 400:
             return _echo_attributes(request, _model_error(answer))
-        events = _event_stream(answer, request_id(request))
+        events = _event_stream(answer)
         stream = ClosingStreamingResponse(events, media_type=EVENT_STREAM)
         media_type = answer.framing.media_type if isinstance(answer, StreamReply) \
             else JSON_MEDIA_TYPE
@@ -83,7 +82,7 @@ def _model_error(reply: Reply) -> Response:
     return json_response(Reply(424, body, {ERROR_TYPE: "ModelError"}))
 
 
-async def _event_stream(answer: Reply | StreamReply, rid: str) -> AsyncIterator[bytes]:
+async def _event_stream(answer: Reply | StreamReply) -> AsyncIterator[bytes]:
     """Each chunk as a PayloadPart; the event that fails a stream as a ModelStreamError."""
     if isinstance(answer, Reply):
         yield payload_part(answer.body)

@@ -56,8 +56,7 @@ def router(ctx: ServerContext) -> APIRouter:
 def _route(ctx: ServerContext, mode: Mode) -> Any:
     async def generate(request: Request) -> Response:
         return to_response(await read_then(TGI, request, ctx.settings.max_request_size,
-                                           lambda body, rid: _answer(ctx, request, body, rid,
-                                                                     mode)))
+                                           lambda body: _answer(ctx, request, body, mode)))
 
     return generate
 
@@ -85,13 +84,13 @@ def _info(ctx: ServerContext) -> dict[str, Any]:
     }
 
 
-async def _answer(ctx: ServerContext, request: Request, body: Any, rid: str, mode: Mode
+async def _answer(ctx: ServerContext, request: Request, body: Any, mode: Mode
                   ) -> Answer:
     async def answer() -> Answer:
         parsed = tgi.parse_tgi_request(body)  # what does not parse is a 422, even for streams
         stream = parsed.stream if mode == "compat" else mode == "stream"
         if stream:
-            return StreamReply(_stream(ctx, request, parsed, rid), Framing.SSE)
+            return StreamReply(_stream(ctx, request, parsed), Framing.SSE)
         engine, gen = _admit(ctx, parsed, stream=False)
         rendering = Rendering.of(parsed, gen, compat=mode == "compat")
         folded = await complete(ctx.generation(engine, [gen]), TgiError,
@@ -99,7 +98,7 @@ async def _answer(ctx: ServerContext, request: Request, body: Any, rid: str, mod
         generated = tgi.render_generate(folded[0], rendering)
         return Reply(200, [generated] if mode == "compat" else generated)
 
-    return await guarded(TGI, rid, answer)
+    return await guarded(TGI, answer)
 
 
 def _admit(ctx: ServerContext, parsed: TgiRequest, stream: bool
@@ -119,7 +118,7 @@ def _admit(ctx: ServerContext, parsed: TgiRequest, stream: bool
     return engine, gen
 
 
-async def _stream(ctx: ServerContext, request: Request, parsed: TgiRequest, rid: str
+async def _stream(ctx: ServerContext, request: Request, parsed: TgiRequest
                   ) -> AsyncIterator[list[Event]]:
     """Every token as an event; any failure, from validation on, as the last event."""
     generation = None
