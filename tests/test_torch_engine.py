@@ -129,6 +129,18 @@ async def test_seed_gives_same_text_whatever_the_batch(engine):
     assert other_seed["ids"] != alone["ids"]
 
 
+async def test_seed_gives_same_text_whatever_the_batch_in_bf16(tmp_path):
+    """bf16 (what option.dtype=auto serves where this CPU multiplies it fastest) keeps the
+    guarantee: a seeded request's tokens do not depend on the rest of the batch."""
+    bf16 = load_model(make_tiny_model_dir(tmp_path), dtype="bf16")
+    engine = TorchEngine(bf16, max_batch_size=8)
+    await engine.start()
+    try:
+        await test_seed_gives_same_text_whatever_the_batch(engine)
+    finally:
+        await engine.shutdown()
+
+
 async def test_n_sequences_differ_and_best_of_ranks(engine):
     seqs = await run(engine, PROMPTS[1], n=3, do_sample=True, seed=3, max_new_tokens=12,
                      ignore_eos=True)

@@ -43,8 +43,9 @@ class ModelRunner:
         if self.cache_dtype != self.dtype:
             use_float32_kv(model)
         self.vocab_size = model.get_output_embeddings().out_features
-        if self.device.type == "cpu" and self.dtype == torch.float32:
-            log.info("%d linear layers run on oneDNN", use_onednn_linears(model))
+        if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
+            log.info("%d linear layers run on oneDNN",
+                     use_onednn_linears(model, self.dtype))
         self.num_slots = num_slots
         self.cache = SlotKVCache(
             num_layers=config.num_hidden_layers,
@@ -127,3 +128,6 @@ class ModelRunner:
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence ended; its next user overwrites what it cached."""

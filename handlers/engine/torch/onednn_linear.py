@@ -1,4 +1,4 @@
-"""float32 linear layers through oneDNN with prepacked weights, on the CPU.
+"""float32 and bfloat16 linear layers through oneDNN with prepacked weights, on the CPU.
 
 torch's `nn.Linear` on the CPU calls MKL's sgemm. oneDNN (bundled with torch, and what
 inductor's CPU freezing pass uses) was much faster on the AMD EPYC measured, more so with the
@@ -8,8 +8,9 @@ linear layers (one decode step, 2 cores) took 60 → 39 ms at 1 row, 110 → 60 
 summation order differs (relative error ~1e-6).
 
 The ops are torch's private `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`:
-`use_onednn_linears` checks them against `nn.Linear` on a small matrix first and leaves the
-model as it is when they are missing or disagree.
+`use_onednn_linears` checks them against `nn.Linear` on a small matrix first, in the model's
+dtype, and leaves the model as it is when they are missing or disagree (bf16 needs a CPU with
+AVX-512 or AVX-NE-CONVERT).
 """
 
 from __future__ import annotations
@@ -46,14 +47,14 @@ class OneDnnLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, onednn"
 
 
-def use_onednn_linears(model: nn.Module) -> int:
-    """Swap every float32 `nn.Linear` of a CPU model for `OneDnnLinear`; the number swapped
-    (0 where oneDNN cannot serve them)."""
-    if not _usable():
+def use_onednn_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> int:
+    """Swap every `nn.Linear` of a CPU model in `dtype` (float32 or bfloat16) for
+    `OneDnnLinear`; the number swapped (0 where oneDNN cannot serve them)."""
+    if not _usable(dtype):
         return 0
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children()
-               if type(child) is nn.Linear and child.weight.dtype == torch.float32
+               if type(child) is nn.Linear and child.weight.dtype == dtype
                and child.weight.device.type == "cpu"]
     # Reordering runs outside the GIL: one thread per core halves a second of startup.
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
@@ -63,15 +64,17 @@ def use_onednn_linears(model: nn.Module) -> int:
     return len(packed)
 
 
-def _usable() -> bool:
-    """Whether the private ops exist and agree with `nn.Linear` here."""
+def _usable(dtype: torch.dtype) -> bool:
+    """Whether the private ops exist and agree with `nn.Linear` here, in `dtype`."""
     if not torch.backends.mkldnn.is_available():
         return False
+    tolerance = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else \
+        {"rtol": 2e-2, "atol": 2e-2}
     try:
-        linear = nn.Linear(64, 48)
-        x = torch.randn(3, 5, 64)
+        linear = nn.Linear(64, 48).to(dtype)
+        x = torch.randn(3, 5, 64, dtype=dtype)
         with torch.inference_mode():
-            agree = torch.allclose(OneDnnLinear(linear)(x), linear(x), rtol=1e-4, atol=1e-5)
+            agree = torch.allclose(OneDnnLinear(linear)(x), linear(x), **tolerance)
     except (RuntimeError, AttributeError) as exc:
         log.info("oneDNN linears unavailable (%s); using nn.Linear", exc)
         return False

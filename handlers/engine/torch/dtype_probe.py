@@ -1,0 +1,38 @@
+"""`option.dtype=auto` on the CPU: bfloat16 where this machine multiplies it faster than float32,
+else float32, decided by a probe at startup (a few milliseconds), since the machines differ:
+one without bf16 kernels ran bf16 matmul at ~1 GFLOP/s against ~50 for float32, another (AVX-512
+BF16) at 876 against 210."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+BF16_SPEEDUP_NEEDED = 1.3  # below this, float32's exactness is worth more than the speed
+_ROWS, _SIZE, _REPEATS = 32, 1024, 3  # a decode batch through one projection-sized matmul
+
+
+def choose_cpu_dtype() -> tuple[torch.dtype, str]:
+    """The dtype to serve in on this CPU, and why (for the log)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.float32, f"this CPU ({capability}) has no bf16 matmul kernels"
+    fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    measured = f"bf16 matmul {bf16:.0f} GFLOP/s against float32 {fp32:.0f} here ({capability})"
+    if bf16 >= BF16_SPEEDUP_NEEDED * fp32:
+        return torch.bfloat16, measured
+    return torch.float32, measured
+
+
+def matmul_gflops(dtype: torch.dtype) -> float:
+    """The best of a few timed (rows x size) @ (size x size) products, after one warm-up."""
+    a = torch.randn(_ROWS, _SIZE, dtype=dtype)
+    b = torch.randn(_SIZE, _SIZE, dtype=dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(_REPEATS):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * _ROWS * _SIZE * _SIZE / best / 1e9

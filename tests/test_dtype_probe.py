@@ -1,0 +1,41 @@
+"""option.dtype=auto on the CPU: bfloat16 only where this machine multiplies it clearly faster
+than float32 (the probe's decision, with the measurements it would see on different CPUs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from handlers.engine.torch import dtype_probe
+from handlers.engine.torch.loader import resolve_dtype
+
+
+def machine(monkeypatch, bf16_kernels: bool, gflops: dict[torch.dtype, float]) -> None:
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: bf16_kernels)
+    monkeypatch.setattr(dtype_probe, "matmul_gflops", lambda dtype: gflops[dtype])
+
+
+@pytest.mark.parametrize(("kernels", "fp32", "bf16", "chosen"), [
+    (True, 210.0, 876.0, torch.bfloat16),  # the AMD EPYC Zen 5 with AVX-512 BF16
+    (True, 100.0, 110.0, torch.float32),  # bf16 barely faster: float32 is exact
+    (False, 46.0, 0.7, torch.float32),  # no bf16 kernels (AVX2 only)
+])
+def test_auto_picks_bf16_only_where_it_is_clearly_faster(monkeypatch, kernels, fp32, bf16,
+                                                         chosen):
+    machine(monkeypatch, kernels, {torch.float32: fp32, torch.bfloat16: bf16})
+    dtype, why = dtype_probe.choose_cpu_dtype()
+    assert dtype == chosen
+    assert ("no bf16 matmul kernels" in why) if not kernels else (f"{bf16:.0f} GFLOP/s" in why)
+    assert resolve_dtype("auto", torch.device("cpu"), None) == chosen
+
+
+def test_an_explicit_dtype_is_never_probed(monkeypatch):
+    machine(monkeypatch, True, {})  # a probe would fail: no measurement for any dtype
+    assert resolve_dtype("fp32", torch.device("cpu"), None) == torch.float32
+    assert resolve_dtype("bf16", torch.device("cpu"), None) == torch.bfloat16
+
+
+def test_the_probe_measures_this_machine():
+    dtype, why = dtype_probe.choose_cpu_dtype()
+    assert dtype in (torch.float32, torch.bfloat16) and why
+    assert dtype_probe.matmul_gflops(torch.float32) > 0
