@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from handlers.engine.torch.attention import use_float32_kv
+from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.kv_cache import SlotKVCache
 from handlers.engine.torch.onednn_linear import use_onednn_linears
 
@@ -43,6 +44,7 @@ class ModelRunner:
         if self.cache_dtype != self.dtype:
             use_float32_kv(model)
         self.vocab_size = model.get_output_embeddings().out_features
+        log.info("%d projection groups fused", fuse_projections(model))  # before packing
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             log.info("%d linear layers run on oneDNN",
                      use_onednn_linears(model, self.dtype))

@@ -1,0 +1,76 @@
+"""Projections that read the same input run as one matmul: an attention's q/k/v and an MLP's
+gate/up (the Llama-style names most decoder models share). One decode step of SmolLM2 then makes
+60 matmul calls fewer; at a few rows a step is dominated by per-call overhead, not arithmetic.
+
+The model's own forward code stays as it is: each projection becomes a `ProjectionPart` that
+returns its slice of the fused output, computed when the first part sees a new input tensor (the
+parent passes the same tensor object to each) and dropped once every part took its slice.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class SharedProjection(nn.Module):
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        super().__init__()
+        self.sizes = [linear.out_features for linear in linears]
+        first = linears[0]
+        self.fused = nn.Linear(first.in_features, sum(self.sizes), bias=first.bias is not None,
+                               dtype=first.weight.dtype, device=first.weight.device)
+        with torch.no_grad():
+            self.fused.weight.copy_(torch.cat([linear.weight for linear in linears]))
+            if first.bias is not None:
+                self.fused.bias.copy_(torch.cat([linear.bias for linear in linears]))
+        self._input: torch.Tensor | None = None
+        self._outputs: tuple[torch.Tensor, ...] = ()
+        self._taken = 0
+
+    def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        if x is not self._input:
+            self._outputs = self.fused(x).split(self.sizes, dim=-1)
+            self._input, self._taken = x, 0
+        out = self._outputs[index]
+        self._taken += 1
+        if self._taken == len(self.sizes):  # hold no activations between passes
+            self._input, self._outputs = None, ()
+        return out
+
+
+class ProjectionPart(nn.Module):
+    def __init__(self, shared: SharedProjection, index: int) -> None:
+        super().__init__()
+        self.shared = shared
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared.output(self.index, x)
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse every q/k/v and gate/up group of plain `nn.Linear`s with one input size, dtype and
+    bias setting; the number of groups fused."""
+    fused = 0
+    for module in list(model.modules()):
+        for names in GROUPS:
+            linears = [getattr(module, name, None) for name in names]
+            if _fusable(linears):
+                shared = SharedProjection(linears)
+                for index, name in enumerate(names):
+                    setattr(module, name, ProjectionPart(shared, index))
+                fused += 1
+    return fused
+
+
+def _fusable(linears: list[object]) -> bool:
+    if not all(type(linear) is nn.Linear for linear in linears):
+        return False
+    first = linears[0]
+    return all(linear.in_features == first.in_features
+               and linear.weight.dtype == first.weight.dtype
+               and linear.weight.device == first.weight.device
+               and (linear.bias is None) == (first.bias is None) for linear in linears)
