@@ -89,7 +89,6 @@ def passes_checks(model_dir: Path, *options: str) -> bool:
     ("option.rolling_batch=vllm", "option.rolling_batch=vllm (command line) asks for the vllm "
                                   "engine, which this build does not include yet"),
     ("option.rolling_batch=lmi-dist", "asks for the vllm engine"),
-    ("option.rolling_batch=llamacpp", "asks for the llamacpp engine"),
 ])
 def test_a_key_that_would_not_take_effect_stops_startup(tmp_path, option, message):
     assert message in start(tmp_path, option)

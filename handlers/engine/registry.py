@@ -1,18 +1,23 @@
 """`option.rolling_batch` -> the engine that serves it, imported only once chosen (so the server
 imports no torch, vLLM or llama.cpp of its own). Each entry says which engine settings take
 effect with it; another engine setting stops startup unless it holds a value meaning the default.
-LMI's dynamic batching (`disable`) is composed here, over the default engine.
+LMI's dynamic batching (`disable`) is composed here, over the default engine. `auto` is the
+llama.cpp engine for a GGUF model on the CPU where llama-cpp-python is installed, else torch.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from handlers.config import SETTINGS, Config, ConfigError, Setting
 from handlers.engine.base import EngineBuild
 from handlers.engine.dynamic_batch import DynamicBatcher
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,19 +41,43 @@ ENGINES = {
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
                          _ROLLING | _HF | _SUPERVISED | {"option.enforce_eager"}),
     "vllm": EngineEntry("vllm", None, _ROLLING | _HF | _GPU),
-    "llamacpp": EngineEntry("llamacpp", None, _ROLLING),
+    # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
+    "llamacpp": EngineEntry("llamacpp", "handlers.engine.llamacpp.build",
+                            _ROLLING | _SUPERVISED | {"option.device"}),
 }
-# option.rolling_batch -> engine; `disable` runs LMI's dynamic batching over the default one.
-_BY_MODE = {"auto": "torch", "torch": "torch", "disable": "torch", "vllm": "vllm",
-            "llamacpp": "llamacpp"}
+# option.rolling_batch -> engine; `disable` runs LMI's dynamic batching over the default one;
+# `auto` is decided by auto_engine().
+_BY_MODE = {"torch": "torch", "disable": "torch", "vllm": "vllm", "llamacpp": "llamacpp"}
+
+
+def auto_engine(config: Config) -> tuple[str, str]:
+    """The engine `auto` runs, and why."""
+    if not _is_gguf(config):
+        return "torch", "the model is not a GGUF file"
+    if not _on_cpu(config):
+        return "torch", "the model runs on a GPU"
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "torch", "llama-cpp-python is not installed (the `llamacpp` extra)"
+    given = [s.key for s in SETTINGS if s.engine and s.key not in ENGINES["llamacpp"].supports
+             and _departs(config, s)]
+    if given:
+        return "torch", f"set: {', '.join(given)}, which only the torch engine supports"
+    return "llamacpp", "a GGUF model on the CPU, and llama-cpp-python is installed"
+
+
+def chosen(config: Config) -> EngineEntry:
+    mode = config.rolling_batch
+    return ENGINES[auto_engine(config)[0] if mode == "auto" else _BY_MODE[mode]]
 
 
 def check(config: Config) -> EngineEntry:
     """The engine `option.rolling_batch` asks for; ConfigError when this build lacks it or it
     does not support an engine setting given."""
-    entry = ENGINES[_BY_MODE[config.rolling_batch]]
+    entry = chosen(config)
+    if entry.name == "llamacpp":
+        _check_llamacpp(config)
     if entry.module is None:
-        built = sorted(mode for mode, name in _BY_MODE.items() if ENGINES[name].module)
+        built = ["auto", *sorted(m for m, name in _BY_MODE.items() if ENGINES[name].module)]
         raise ConfigError(
             f"option.rolling_batch={config.rolling_batch} ({config.sources['rolling_batch']}) "
             f"asks for the {entry.name} engine, which this build does not include yet "
@@ -64,6 +93,9 @@ def loader(config: Config) -> Callable[[], EngineBuild]:
     transformers' lazy imports race when two threads import it at once); the call it returns
     loads the model into it (slow: run it off the event loop)."""
     entry = check(config)
+    if config.rolling_batch == "auto":
+        name, why = auto_engine(config)
+        log.info("option.rolling_batch=auto: the %s engine (%s)", name, why)
     module = importlib.import_module(entry.module)
 
     def load() -> EngineBuild:
@@ -94,6 +126,29 @@ def _gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count()
+
+
+def _check_llamacpp(config: Config) -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ConfigError(
+            f"option.rolling_batch=llamacpp ({config.sources['rolling_batch']}) asks for the "
+            "llamacpp engine, which needs llama-cpp-python: install the `llamacpp` extra "
+            "(pip install 'lmi-serve[llamacpp]', or LMI_EXTRAS=llamacpp ./dev)")
+    if config.device not in ("auto", "cpu"):
+        raise ConfigError(f"option.device={config.device} ({config.sources['device']}): the "
+                          "llamacpp engine runs on the CPU only")
+
+
+def _is_gguf(config: Config) -> bool:
+    """Whether the model is one .gguf file: named so, found in the model directory, or the
+    embedded default (a GGUF)."""
+    if config.model_id is not None:
+        return config.model_id.lower().endswith(".gguf")
+    return config.gguf_file is not None or config.uses_default_model
+
+
+def _on_cpu(config: Config) -> bool:
+    return config.device == "cpu" or (config.device == "auto" and _gpu_count() == 0)
 
 
 def _refuse(config: Config, setting: Setting, entry: EngineEntry) -> None:

@@ -196,6 +196,10 @@ class ContinuousBatcher:
     def _free_slot(self) -> int:
         return self._owner.index(None)
 
+    def _free(self, slot: int) -> None:
+        self._owner[slot] = None
+        self.runner.release(slot)
+
     # -- prefill --------------------------------------------------------------------------------
 
     def _prefill(self, touched: dict[str, RequestState]) -> None:
@@ -259,7 +263,7 @@ class ContinuousBatcher:
             self._owner[slot] = seq
             self.decoding.append(seq)
         if self._owner[source] is first and first.slot != source:
-            self._owner[source] = None
+            self._free(source)
         state.metrics.first_token_time = time.monotonic()
         rows = state.sequences
         logits = logits.expand(len(rows), -1)
@@ -381,15 +385,16 @@ class ContinuousBatcher:
         """Free the slots of finished sequences, keeping running ones in slots 0..B-1."""
         for seq in sorted((s for s in self.decoding if s.finished), key=lambda s: -s.slot):
             last = self.decoding.pop()
-            self._owner[last.slot] = None
+            freed = last.slot
             if last is not seq:
                 self.runner.move(last.slot, seq.slot, last.cached)
                 last.slot = seq.slot
                 self.decoding[seq.slot] = last
                 self._owner[seq.slot] = last
+            self._free(freed)
         for state in [s for s in self.prefilling if s.finished]:
             self.prefilling.remove(state)
-            self._owner[state.sequences[0].slot] = None
+            self._free(state.sequences[0].slot)
         for request_id in [r for r, s in self.states.items() if s.finished]:
             del self.states[request_id]
             self.counters["finished_requests"] += 1

@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,11 +60,17 @@ class _Restart:
 
 
 class TorchEngine:
-    """Continuous batching over a Hugging Face causal LM (CPU by default, CUDA when present)."""
+    """Continuous batching over a Hugging Face causal LM (CPU by default, CUDA when present).
+
+    `new_runner` makes the forward passes' runner (and its KV cache) instead of a `ModelRunner`
+    over `loaded.model`: the llama.cpp engine is this loop with its own runner; its `loaded`
+    has the fields read here (name, tokenizer, eos_token_ids, dtype, device, max_model_len).
+    """
 
     def __init__(self, loaded: LoadedModel, max_batch_size: int = 32,
                  max_prefill_tokens: int = 512, chat_template: str | None = None,
-                 stall_timeout: float | None = None) -> None:
+                 stall_timeout: float | None = None,
+                 new_runner: Callable[[], ModelRunner] | None = None) -> None:
         self.model_name = loaded.name
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
@@ -72,6 +78,8 @@ class TorchEngine:
         self.max_model_len = loaded.max_model_len
         self._loaded = loaded
         self._limits = (max_batch_size, max_prefill_tokens)
+        self._new_runner = new_runner or (
+            lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len))
         self.batcher = self._new_batcher()
         self.vocab_size = self.batcher.runner.vocab_size
         self.stall_timeout = stall_timeout  # seconds one step may run; None: no limit
@@ -85,9 +93,9 @@ class TorchEngine:
 
     def _new_batcher(self, counters: dict[str, int] | None = None) -> ContinuousBatcher:
         loaded, (max_batch_size, max_prefill_tokens) = self._loaded, self._limits
-        runner = ModelRunner(loaded.model, max_batch_size, loaded.max_model_len)
-        return ContinuousBatcher(runner, loaded.tokenizer, loaded.eos_token_ids, max_batch_size,
-                                 max_prefill_tokens, loaded.max_model_len, counters)
+        return ContinuousBatcher(self._new_runner(), loaded.tokenizer, loaded.eos_token_ids,
+                                 max_batch_size, max_prefill_tokens, loaded.max_model_len,
+                                 counters)
 
     # -- the Engine interface -------------------------------------------------------------------
 

@@ -1,0 +1,54 @@
+"""Build the llama.cpp engine for a configuration (the registry's entry point for `llamacpp`):
+the torch engine's loop and continuous batcher (admission, chunked prefill, sampling, structured
+output, detokenization) over a runner whose forward passes are llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from handlers.config import Config, chat_template_text
+from handlers.engine.base import EngineBuild
+from handlers.engine.llamacpp.model import LlamaCppModel, load_model
+from handlers.engine.llamacpp.runner import LlamaCppRunner
+from handlers.engine.torch.engine import TorchEngine
+from handlers.model_source import resolve_model_source
+
+log = logging.getLogger(__name__)
+
+# The KV pool is allocated (and zeroed) up front: every slot at full length, or this much.
+KV_POOL_BYTES = 1 << 30
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+
+
+def build(config: Config) -> EngineBuild:
+    slots = config.max_rolling_batch_size
+    if slots > MAX_SEQUENCES:
+        raise ValueError(f"option.max_rolling_batch_size={slots}: llama.cpp runs at most "
+                         f"{MAX_SEQUENCES} sequences at once")
+    source = resolve_model_source(config.model_id, config.model_dir, config.revision)
+    if source.suffix.lower() != ".gguf":
+        raise ValueError(f"the llama.cpp engine serves GGUF files; {source} is not one")
+    model = load_model(source, name=config.model_name, max_model_len=config.max_model_len)
+    prefill = config.max_rolling_batch_prefill_tokens
+    if not config.enable_chunked_prefill:  # whole prompts: a step prefills up to the context
+        prefill = max(prefill, model.max_model_len)
+    pool = pool_tokens(model, slots)
+    log.info("llama.cpp engine: %d sequences share a KV pool of %d tokens (%d MiB); "
+             "up to %d tokens per pass", slots, pool, pool * model.kv_bytes_per_token >> 20,
+             max(prefill, slots))
+
+    def new_runner() -> LlamaCppRunner:
+        return LlamaCppRunner(model, slots, max(prefill, slots), pool)
+
+    engine = TorchEngine(model, max_batch_size=slots, max_prefill_tokens=prefill,
+                         chat_template=chat_template_text(config),
+                         stall_timeout=config.engine_stall_timeout or None, new_runner=new_runner)
+    return EngineBuild(engine, main_loop=engine, steppable=engine)
+
+
+def pool_tokens(model: LlamaCppModel, slots: int) -> int:
+    """KV cells for all sequences together: each at full length where that fits in
+    KV_POOL_BYTES, else as many as fit (never less than one full-length sequence)."""
+    fits = KV_POOL_BYTES // model.kv_bytes_per_token
+    return min(slots * model.max_model_len, max(model.max_model_len, fits))
