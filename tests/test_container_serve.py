@@ -133,6 +133,18 @@ class GrpcStream:
             self.finished.set()
 
 
+def listener_closes(url: str) -> bool:
+    """Whether /ping stops being answered (a refused connection) once SIGTERM was sent; polled,
+    with a cap only against hanging."""
+    for _ in range(600):
+        try:
+            requests.get(f"{url}/ping", timeout=5)
+        except requests.ConnectionError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_sigterm_lets_in_flight_streams_finish_then_exits_0(container):
     tokens = 32
     questions = ("Hi", "Why?", "Cats", "Rain", "Tea", "Maps", "Snow", "Jazz")
@@ -147,9 +159,7 @@ def test_sigterm_lets_in_flight_streams_finish_then_exits_0(container):
     assert not grpc_stream.finished.is_set(), "not in flight"
 
     container.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.5)  # uvicorn notices should_exit within 0.1 s and closes its listener
-    with pytest.raises(requests.ConnectionError):
-        requests.get(f"{container.url}/ping", timeout=5)
+    assert listener_closes(container.url)  # uvicorn stops taking connections while it drains
     assert container.proc.wait(timeout=30) == 0
     for thread in threads:
         thread.join(timeout=5)
