@@ -26,6 +26,8 @@ llama_cpp = pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra: "
     "LMI_VENV=.venv-llamacpp LMI_EXTRAS=llamacpp ./dev test)")
 
+from engine_requests import run  # noqa: E402
+
 from handlers.config import load_config  # noqa: E402
 from handlers.config.args import parse_args  # noqa: E402
 from handlers.engine.llamacpp.build import build  # noqa: E402
@@ -85,20 +87,6 @@ def reference():
         return out
 
     return greedy
-
-
-async def run(engine, prompt: str, **params) -> list[dict]:
-    """A request's outputs: token ids, text, finish reason and tokens, per sequence."""
-    request = GenerationRequest(prompt=prompt, params=SamplingParams(**params))
-    seqs: dict[int, dict] = {}
-    async for out in engine.generate(request):
-        for s in out.outputs:
-            seq = seqs.setdefault(s.index, {"ids": [], "text": "", "tokens": []})
-            seq["ids"] += [t.id for t in s.tokens]
-            seq["tokens"] += s.tokens
-            seq["text"] += s.text
-            seq["finish"] = s.finish_reason
-    return [seqs[i] for i in sorted(seqs)]
 
 
 def test_transformers_ids_are_llama_cpp_ids(built):

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 import torch
+from engine_requests import run
 from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch import sampling
@@ -54,21 +55,6 @@ def hf_greedy(loaded, prompt: str, n: int) -> list[int]:
             max_new_tokens=n, min_new_tokens=n, do_sample=False,
         )
     return out[0, len(ids):].tolist()
-
-
-async def run(engine, prompt: str, **params):
-    """Collect a request's outputs: (token ids, text, finish reason) per sequence."""
-    request = GenerationRequest(prompt=prompt, params=SamplingParams(**params))
-    seqs: dict[int, dict] = {}
-    async for out in engine.generate(request):
-        for s in out.outputs:
-            seq = seqs.setdefault(s.index, {"ids": [], "text": "", "tokens": []})
-            seq["ids"] += [t.id for t in s.tokens]
-            seq["tokens"] += s.tokens
-            seq["text"] += s.text
-            seq["finish"] = s.finish_reason
-            seq["cumulative"] = s.cumulative_logprob
-    return [seqs[i] for i in sorted(seqs)]
 
 
 async def test_greedy_matches_generate(engine, loaded):
