@@ -13,8 +13,7 @@ from starlette.requests import Request
 
 from handlers.protocols.errors import ErrorKind
 from handlers.server.http.json_limits import MAX_CONTAINERS, MAX_DEPTH, container_count, too_deep
-from handlers.server.http.request_id import REQUEST_ID_HEADER, SAGEMAKER_HEADER
-from handlers.server.request_ids import current, new_id
+from handlers.server.request_ids import current
 
 
 class BodyError(Exception):
@@ -22,16 +21,6 @@ class BodyError(Exception):
         super().__init__(message)
         self.message = message
         self.kind = kind
-
-
-def request_id(request: Request) -> str:
-    """The request's id (handlers/server/request_ids.py): the one bound for it, else SageMaker's
-    inference id or `X-Request-Id` when the caller sent one, else a fresh one."""
-    bound_id = current()
-    if bound_id is not None:
-        return bound_id.value
-    return new_id(request.headers.get(SAGEMAKER_HEADER),
-                  request.headers.get(REQUEST_ID_HEADER)).value
 
 
 def adopt_request_id(protocol_id: str | None) -> None:
