@@ -64,12 +64,15 @@ class FakeTokenizer:
         self._ids: dict[str, int] = {}
         self._words: dict[int, str] = {EOS_ID: "</s>"}
 
-    def encode(self, text: str) -> list[int]:
-        return [self._id(word) for word in text.split()]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [self._id(word) for word in text.split()]  # it has no special tokens to add
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        words = [self._words[i] for i in ids if not (skip_special_tokens and i == EOS_ID)]
+        words = self.token_strings([i for i in ids if not (skip_special_tokens and i == EOS_ID)])
         return " ".join(words)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        return [self._words.get(i, f"<{i}>") for i in ids]  # an id never seen is no word yet
 
     def chat_template(self, tools: list[dict[str, Any]] | None = None) -> str:
         return CHAT_TEMPLATE

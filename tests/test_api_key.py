@@ -79,7 +79,9 @@ def test_every_post_route_requires_the_key(url, route):
     assert refused.status_code == 401
     assert refused.headers["www-authenticate"] == "Bearer"
     error = refused.json()["error"]
-    if route.startswith("/v1/"):
+    if route.startswith("/v1/messages"):
+        assert error["type"] == "authentication_error"  # Anthropic's error object
+    elif route.startswith(("/v1/", "/tokenize", "/detokenize")):
         assert error["code"] == "invalid_api_key"  # OpenAI's error object
     else:
         assert "API key" in error

@@ -27,6 +27,7 @@ MODEL = "fake-model"
 
 # Every POST route that reads a body, with a body it answers 200 and how it refuses one.
 LMI, SAGEMAKER, OPENAI, KSERVE, TGI = "lmi", "sagemaker", "openai", "kserve", "tgi"
+ANTHROPIC = "anthropic"
 CHAT = {"messages": [{"role": "user", "content": "a b"}], "max_tokens": 2}
 INFER = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a b"]}]}
 ROUTES = {
@@ -36,8 +37,13 @@ ROUTES = {
     "/endpoints/{name}/invocations-response-stream": (SAGEMAKER, {"inputs": "a b"}),
     "/v1/chat/completions": (OPENAI, CHAT),
     "/v1/completions": (OPENAI, {"prompt": "a b", "max_tokens": 2}),
+    "/v1/responses": (OPENAI, {"input": "a b", "max_output_tokens": 2}),
     "/v1/embeddings": (OPENAI, {"input": "a b"}),
     "/serving-endpoints/{model}/invocations": (OPENAI, CHAT),
+    "/v1/messages": (ANTHROPIC, CHAT),
+    "/v1/messages/count_tokens": (ANTHROPIC, {"messages": CHAT["messages"]}),
+    "/tokenize": (OPENAI, {"prompt": "a b"}),
+    "/detokenize": (OPENAI, {"tokens": [1, 2]}),
     "/v1/models/{model}:predict": (KSERVE, {"instances": ["a b"]}),
     "/v2/models/{model}/infer": (KSERVE, INFER),
     "/v2/models/{model}/versions/{version}/infer": (KSERVE, INFER),
@@ -105,6 +111,10 @@ def assert_refused(response: httpx.Response, shape: str, message: str, status: i
         assert response.status_code == status
         assert body["error"]["message"] == message
         assert body["error"]["type"] == "invalid_request_error"
+    elif shape == ANTHROPIC:
+        kind = "request_too_large" if status == 413 else "invalid_request_error"
+        assert (response.status_code, body) == (
+            status, {"type": "error", "error": {"type": kind, "message": message}})
     elif shape == KSERVE:
         assert (response.status_code, body) == (status, {"error": message})
     else:  # TGI: 422 for what does not validate

@@ -20,10 +20,14 @@ class Tokenizer(Protocol):
     vocab_size: int  # every id a prompt may carry is below this
     eos_token_ids: frozenset[int]
 
-    def encode(self, text: str) -> list[int]:
-        """The text's token ids, with no special tokens added."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The text's token ids; special tokens (a BOS...) only when asked for, as the engines
+        tokenize prompts without them."""
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Each id's string in the vocabulary (e.g. `Ġthe`), as vLLM's /tokenize reports them."""
 
     def chat_template(self, tools: list[dict[str, Any]] | None = None) -> str:
         """The Jinja chat template in effect (option.chat_template, else the model's own);

@@ -15,11 +15,14 @@ class HFTokenizer:
         self.eos_token_ids = frozenset(eos_token_ids)
         self._chat_template = chat_template
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False)
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        return self.hf.convert_ids_to_tokens(list(ids))
 
     def chat_template(self, tools: list[dict[str, Any]] | None = None) -> str:
         if self._chat_template is not None:

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from handlers.server.context import ServerContext
 from handlers.server.grpc import GrpcServer
 from handlers.server.http import (
+    anthropic,
     databricks,
     embeddings,
     generate,
@@ -23,8 +24,10 @@ from handlers.server.http import (
     models,
     openai,
     openapi,
+    responses_api,
     sagemaker,
     tgi,
+    tokens,
 )
 from handlers.server.http.api_key import ApiKeyMiddleware
 from handlers.server.http.request_id import RequestIdMiddleware
@@ -32,7 +35,7 @@ from handlers.server.request_ids import install_log_ids
 from handlers.server.telemetry import RequestCounter
 
 ROUTERS = (health, invocations, sagemaker, models, openai, embeddings, databricks, kserve,
-           generate, tgi, metrics)
+           generate, tgi, metrics, responses_api, anthropic, tokens)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

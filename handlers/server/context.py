@@ -12,6 +12,7 @@ from typing import Generic, TypeVar
 from handlers.engine.base import Embedder, Engine
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.errors import ErrorKind, ProtocolError
+from handlers.protocols.openai_responses import ResponseStore
 from handlers.server.failures import FailureStreak
 from handlers.server.generation import Admission, Generation
 from handlers.server.telemetry import Telemetry
@@ -89,6 +90,7 @@ class ServerContext:
         self.telemetry = Telemetry(settings.model_name, self._engine_stats)  # GET /metrics
         self.admission = Admission(settings.job_queue_size, self.telemetry.rejected)
         self.created = int(time.time())
+        self.responses = ResponseStore()  # OpenAI Responses kept for retrieval: bounded LRU
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         self._drains: list[Callable[[], Awaitable[None]]] = []
 

@@ -30,6 +30,7 @@ class Framing(Enum):
     SSE = "sse"  # `data: {json}` events
     OPENAI_SSE = "openai_sse"  # SSE ending with `data: [DONE]`
     SSE_COMPACT = "sse_compact"  # `data:{json}` events, no space (MindIE's, TGI's)
+    NAMED_SSE = "named_sse"  # `event: <the object's type>` then `data: {json}` (Anthropic's)
 
     @property
     def media_type(self) -> str:
@@ -39,6 +40,8 @@ class Framing(Enum):
         body = orjson.dumps(data)
         if self is Framing.JSONLINES:
             return body + b"\n"
+        if self is Framing.NAMED_SSE:
+            return b"event: " + data["type"].encode() + b"\ndata: " + body + b"\n\n"
         return (b"data:" if self is Framing.SSE_COMPACT else b"data: ") + body + b"\n\n"
 
     @property

@@ -2,8 +2,9 @@
 
 HTTP answers OpenAI, embeddings, Databricks, KServe, generate and the SageMaker routes with
 `HTTP`; LMI answers with its own (`LMI_HTTP`: DJL Serving answers failed validation and failed
-inference with 424), which DJL's front end also sends for the records of the DJL entry, and TGI
-with TGI's (`TGI_HTTP`). gRPC (KServe V2) answers with status codes (`GRPC`).
+inference with 424), which DJL's front end also sends for the records of the DJL entry, TGI
+with TGI's (`TGI_HTTP`), Anthropic's Messages with Anthropic's (`ANTHROPIC_HTTP`). gRPC (KServe
+V2) answers with status codes (`GRPC`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ LMI_HTTP: Table[ErrorKind, int] = MappingProxyType(
 # TGI: 422 validation, 424 a failed generation, 429 overloaded.
 TGI_HTTP: Table[ErrorKind, int] = MappingProxyType(
     {**HTTP, ErrorKind.VALIDATION: 422, ErrorKind.FAILED: 424, ErrorKind.OVERLOADED: 429})
+
+# Anthropic: 504 timeout_error, 529 overloaded_error (the anthropic SDK's OverloadedError).
+ANTHROPIC_HTTP: Table[ErrorKind, int] = MappingProxyType(
+    {**HTTP, ErrorKind.TIMEOUT: 504, ErrorKind.OVERLOADED: 529})
 
 RETRY_AFTER_SECONDS = 1  # what an overloaded server tells its clients to wait
 

@@ -93,3 +93,32 @@ class ModelList(BaseModel):
     object: Literal["list"]
     data: list[ModelCard]
     models: list[str]
+
+
+class ResponseUsage(Open):
+    input_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens: int
+    output_tokens_details: dict[str, int]
+    total_tokens: int
+
+
+class ResponseObject(Open):
+    """The Responses API's response object (`POST` and `GET /v1/responses`); a stream's events
+    carry it too. Its request settings (`instructions`, `tools`, `text`...) are repeated."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    model: str
+    output: list[dict[str, Any]]  # message and function_call items
+    usage: ResponseUsage | None
+    error: dict[str, Any] | None
+    incomplete_details: dict[str, Any] | None
+
+
+class ResponseDeleted(BaseModel):
+    id: str
+    object: Literal["response"]
+    deleted: bool

@@ -1,13 +1,16 @@
 """The API key over HTTP: a pure ASGI middleware (streams and disconnects pass untouched) that
-answers 401 to a request without the key, in OpenAI's error shape under `/v1/` and as
-`{"error": ...}` elsewhere. Health, liveness, metrics and the API documents stay open, as vLLM
-leaves them, so probes and scrapers need no key."""
+answers 401 to a request without the key (`Authorization: Bearer` or `x-api-key`): in
+Anthropic's error shape under `/v1/messages` or with an `anthropic-version` header, in OpenAI's
+elsewhere under `/v1/` and on `/tokenize` / `/detokenize`, else as `{"error": ...}`. Health,
+liveness, metrics and the API documents stay open, as vLLM leaves them, so probes and scrapers
+need no key."""
 
 from __future__ import annotations
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from handlers.protocols.anthropic import VERSION_HEADER, error_body
 from handlers.protocols.kserve_v2 import KServeError
 from handlers.protocols.openai import OpenAIError
 from handlers.server.api_key import UNAUTHORIZED, ApiKey
@@ -17,6 +20,8 @@ from handlers.server.http.responses import json_response
 OPEN_PATHS = frozenset({"/ping", "/health", "/v2/health/live", "/v2/health/ready", "/metrics",
                         "/openapi.json", "/docs", "/redoc"})
 _OPEN_ROOT_METHODS = ("GET", "HEAD")  # `GET /` is TGI's health; `POST /` generates
+ANTHROPIC_PATHS = ("/v1/messages",)
+OPENAI_PATHS = ("/v1/", "/tokenize", "/detokenize")  # vLLM's tokenizer routes: OpenAI's shape
 
 
 def is_open(method: str, path: str) -> bool:
@@ -25,12 +30,16 @@ def is_open(method: str, path: str) -> bool:
     return path in OPEN_PATHS or path.startswith("/docs/")
 
 
-def refusal(path: str) -> Reply:
-    headers = {"WWW-Authenticate": "Bearer"}
-    if path.startswith("/v1/"):
+def refusal(path: str, headers: Headers) -> Reply:
+    """The 401 in the shape of the protocol the request speaks, as far as its path and headers
+    tell (the body is not read)."""
+    answer_headers = {"WWW-Authenticate": "Bearer"}
+    if path.startswith(ANTHROPIC_PATHS) or VERSION_HEADER in headers:
+        return Reply(401, error_body(401, UNAUTHORIZED), answer_headers)
+    if path.startswith(OPENAI_PATHS):
         error = OpenAIError(UNAUTHORIZED, code="invalid_api_key")
-        return Reply(401, error.payload(401), headers)
-    return Reply(401, KServeError(UNAUTHORIZED).payload(401), headers)
+        return Reply(401, error.payload(401), answer_headers)
+    return Reply(401, KServeError(UNAUTHORIZED).payload(401), answer_headers)
 
 
 class ApiKeyMiddleware:
@@ -46,4 +55,4 @@ class ApiKeyMiddleware:
         if self.key.accepts(headers.get("authorization"), headers.get("x-api-key")):
             await self.app(scope, receive, send)
             return
-        await json_response(refusal(scope["path"]))(scope, receive, send)
+        await json_response(refusal(scope["path"], headers))(scope, receive, send)

@@ -17,12 +17,19 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, TypeAdapter
 
+from handlers.protocols.anthropic.requests import CountTokensRequest, MessagesRequest
 from handlers.protocols.generate import GenerateRequest
 from handlers.protocols.kserve_v2 import RestInferRequest
 from handlers.protocols.lmi.dynamic import DynamicRequest
 from handlers.protocols.lmi.request import LmiRequest
 from handlers.protocols.openai.embeddings import EmbeddingRequest
 from handlers.protocols.openai.requests import ChatCompletionRequest, CompletionRequest
+from handlers.protocols.openai_responses import ResponsesRequest
+from handlers.protocols.schemas.anthropic import (
+    AnthropicErrorBody,
+    AnthropicMessage,
+    InputTokens,
+)
 from handlers.protocols.schemas.kserve import (
     GenerateAnswer,
     InferResponse,
@@ -42,10 +49,14 @@ from handlers.protocols.schemas.openai import (
     EmbeddingList,
     ModelList,
     OpenAIErrorBody,
+    ResponseDeleted,
+    ResponseObject,
 )
 from handlers.protocols.schemas.sagemaker import Health, ModelError
 from handlers.protocols.schemas.tgi import TgiErrorBody, TgiGenerated, TgiInfo
+from handlers.protocols.schemas.tokens import DetokenizeAnswer, TokenizeAnswer
 from handlers.protocols.tgi import TgiRequest
+from handlers.protocols.tokens import DetokenizeRequest, TokenizeChatRequest, TokenizePromptRequest
 
 JSON = "application/json"
 SSE = "text/event-stream"
@@ -59,6 +70,7 @@ SSE_EVENT = {"type": "object", "properties": {
     "data": {"type": "string", "contentMediaType": JSON}, "event": {"type": "string"}}}
 EMPTY = None  # a response without a body
 REF = "#/components/schemas/{model}"
+OWN_STATUSES = {529: "Overloaded"}  # statuses of a protocol's own (Anthropic's), not HTTP's
 
 
 @dataclass(frozen=True)
@@ -85,15 +97,18 @@ def _errors(body: Any, *statuses: int) -> dict[int, Any]:
 
 
 # What /invocations (and the routes that answer as it does) accepts, in the order it is tried.
-INVOCATION = ChatCompletionRequest | CompletionRequest | EmbeddingRequest | LmiRequest \
-    | DynamicRequest
-INVOCATION_ANSWER = ChatCompletion | Completion | EmbeddingList | LmiAnswer | list[LmiAnswer] \
-    | list[DynamicAnswer]
-INVOCATION_ERRORS = {**_errors(LmiErrorBody | OpenAIErrorBody, 404, 408, 413, 424, 500, 503),
-                     400: OpenAIErrorBody}
+INVOCATION = MessagesRequest | ChatCompletionRequest | CompletionRequest | EmbeddingRequest \
+    | LmiRequest | DynamicRequest
+INVOCATION_ANSWER = AnthropicMessage | ChatCompletion | Completion | EmbeddingList | LmiAnswer \
+    | list[LmiAnswer] | list[DynamicAnswer]
+INVOCATION_ERRORS = {
+    **_errors(LmiErrorBody | OpenAIErrorBody | AnthropicErrorBody, 404, 408, 413, 424, 500, 503),
+    **_errors(AnthropicErrorBody, 504, 529), 400: OpenAIErrorBody | AnthropicErrorBody}
 INVOCATION_STREAMS = {JSONLINES: STRING, SSE: SSE_EVENT}
 OPENAI_ERRORS = _errors(OpenAIErrorBody, 400, 404, 408, 413, 500, 503)
 KSERVE_ERRORS = _errors(KServeErrorBody, 400, 404, 408, 413, 500, 503)
+ANTHROPIC_ERRORS = _errors(AnthropicErrorBody, 400, 404, 413, 500, 503, 504, 529)
+TOKENS_ERRORS = _errors(OpenAIErrorBody, 400, 404, 413, 500, 503)
 TGI_ERRORS = _errors(TgiErrorBody, 404, 408, 413, 422, 424, 429, 500, 503)
 
 
@@ -135,8 +150,10 @@ DOCS: dict[tuple[str, str], Doc] = {
     ("get", "/ping"): Doc("SageMaker health: 200 once every served model can answer",
                           errors={503: Health}, ok={JSON: Health}),
     ("post", "/invocations"): _invocations(
-        "SageMaker / DJL LMI: OpenAI chat (`messages`), completion (`prompt`), embeddings "
-        "(`input`), else LMI's schema (`inputs`, `parameters`, `stream`)"),
+        "SageMaker / DJL LMI: Anthropic Messages (`messages` with an `anthropic-version` "
+        "header, `anthropic_version`, `system` or tool_use/tool_result blocks), OpenAI chat "
+        "(`messages`), completion (`prompt`), embeddings (`input`), else LMI's schema "
+        "(`inputs`, `parameters`, `stream`)"),
     ("post", "/predictions/{model}"): _invocations("DJL's predictions: as /invocations"),
     ("post", "/endpoints/{name}/invocations"): Doc(
         "SageMaker runtime InvokeEndpoint, emulated", INVOCATION,
@@ -149,6 +166,23 @@ DOCS: dict[tuple[str, str], Doc] = {
                                           {JSON: ChatCompletion, SSE: SSE_EVENT}, OPENAI_ERRORS),
     ("post", "/v1/completions"): Doc("OpenAI completions", CompletionRequest,
                                      {JSON: Completion, SSE: SSE_EVENT}, OPENAI_ERRORS),
+    ("post", "/v1/responses"): Doc("OpenAI Responses API", ResponsesRequest,
+                                   {JSON: ResponseObject, SSE: SSE_EVENT}, OPENAI_ERRORS),
+    ("get", "/v1/responses/{response_id}"): Doc("A stored response", ok={JSON: ResponseObject},
+                                                errors=_errors(OpenAIErrorBody, 400, 404)),
+    ("delete", "/v1/responses/{response_id}"): Doc("Delete a stored response",
+                                                   ok={JSON: ResponseDeleted},
+                                                   errors=_errors(OpenAIErrorBody, 404)),
+    ("post", "/v1/messages"): Doc("Anthropic Messages", MessagesRequest,
+                                  {JSON: AnthropicMessage, SSE: SSE_EVENT}, ANTHROPIC_ERRORS),
+    ("post", "/v1/messages/count_tokens"): Doc(
+        "Anthropic Messages: the prompt's tokens", CountTokensRequest, {JSON: InputTokens},
+        _errors(AnthropicErrorBody, 400, 404, 413, 500, 503)),
+    ("post", "/tokenize"): Doc("vLLM's tokenize: a prompt, or chat messages as chat renders them",
+                               TokenizePromptRequest | TokenizeChatRequest,
+                               {JSON: TokenizeAnswer}, TOKENS_ERRORS),
+    ("post", "/detokenize"): Doc("vLLM's detokenize", DetokenizeRequest,
+                                 {JSON: DetokenizeAnswer}, TOKENS_ERRORS),
     ("post", "/v1/embeddings"): Doc("OpenAI embeddings", EmbeddingRequest,
                                     {JSON: EmbeddingList},
                                     _errors(OpenAIErrorBody, 400, 404, 413, 500, 503)),
@@ -221,7 +255,8 @@ def _operation(operation: dict[str, Any], doc: Doc, schemas: _Schemas) -> None:
 
 
 def _response(status: int, bodies: dict[str, Any], schemas: _Schemas) -> dict[str, Any]:
-    answer: dict[str, Any] = {"description": HTTPStatus(status).phrase}
+    phrase = OWN_STATUSES.get(status) or HTTPStatus(status).phrase
+    answer: dict[str, Any] = {"description": phrase}
     content = {media: {"schema": schemas.of(kind)} for media, kind in bodies.items()
                if kind is not EMPTY}
     if content:

@@ -1,0 +1,168 @@
+"""Anthropic `message` objects and stream events, from the engine's outputs (pure).
+
+Text is one `text` block; tool calls (read from the output as chat completions read them) are
+`tool_use` blocks with `id`, `name` and `input`. `stop_reason`: `max_tokens` when the cap cut the
+output, else `tool_use` when a call was made, `stop_sequence` (with `stop_sequence` set) when one
+matched, else `end_turn`. The engine is asked to keep a matched stop sequence at the text's end,
+to tell which one matched; it is cut off here. A stream holds back a tail of text that may begin
+a stop sequence, as an engine may stream its first characters before it knows it matched.
+
+A stream is Anthropic's: `message_start`, then per block `content_block_start`,
+`content_block_delta` (`text_delta`, or one `input_json_delta` with a call's whole input: calls
+are known once their JSON is complete) and `content_block_stop`, then `message_delta` (stop
+reason and output tokens) and `message_stop`. The wire names each event by its `type`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.engine.types import FinishReason, RequestOutput, SequenceOutput
+from handlers.protocols.openai.chat_render import ChatOptions, ToolExtractor
+from handlers.protocols.openai.tool_calls import ParsedCall
+from handlers.protocols.outputs import Folded
+
+
+@dataclass(frozen=True)
+class MessageContext:
+    id: str
+    model: str
+    options: ChatOptions  # the tool mode and names, as the chat request has them
+    stop_sequences: tuple[str, ...]
+
+
+def matched_stop(text: str, reason: FinishReason | None, stops: tuple[str, ...]) -> str | None:
+    """The stop sequence that ended `text`: of those it ends with, the longest (the engine's
+    matcher prefers the one that began first)."""
+    if reason is not FinishReason.STOP:
+        return None
+    return max((s for s in stops if text.endswith(s)), key=len, default=None)
+
+
+def stop_reason(reason: FinishReason | None, stop: str | None, calls: bool) -> str:
+    if reason is FinishReason.LENGTH:
+        return "max_tokens"
+    if calls:
+        return "tool_use"
+    return "stop_sequence" if stop is not None else "end_turn"
+
+
+def tool_use_block(call: ParsedCall, whole: bool) -> dict[str, Any]:
+    """A call's block: its `input` whole, or empty where a stream's delta carries it."""
+    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name,
+            "input": json.loads(call.arguments) if whole else {}}
+
+
+def message(ctx: MessageContext, content: list[dict[str, Any]], reason: str | None,
+            stop: str | None, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {"id": ctx.id, "type": "message", "role": "assistant", "model": ctx.model,
+            "content": content, "stop_reason": reason, "stop_sequence": stop,
+            "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
+
+
+def render_message(ctx: MessageContext, col: Folded) -> dict[str, Any]:
+    seq = col.sequences[0]
+    text = seq.text
+    stop = matched_stop(text, seq.finish_reason, ctx.stop_sequences)
+    extractor = ToolExtractor(ctx.options)
+    content, calls = extractor.feed(text.removesuffix(stop or ""))
+    tail, more = extractor.finish()
+    content, calls = content + tail, calls + more
+    shown = bool(content.strip() if calls else content)  # no blank text beside a tool call
+    blocks = [{"type": "text", "text": content}] if shown else []
+    blocks += [tool_use_block(call, whole=True) for call in calls]
+    return message(ctx, blocks, stop_reason(seq.finish_reason, stop, bool(calls)), stop,
+                   col.prompt_token_count, seq.generated_tokens)
+
+
+@dataclass
+class MessageStream:
+    """Turns each RequestOutput into the stream events to send."""
+
+    ctx: MessageContext
+    extractor: ToolExtractor = field(init=False)
+    started: bool = False  # message_start sent
+    text: str = ""  # all text so far, to find the stop sequence at the end
+    held: str = ""  # a tail that may begin a stop sequence
+    blocks: int = 0  # content blocks started
+    text_open: bool = False  # whether the last block started is text still open
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        self.extractor = ToolExtractor(self.ctx.options)
+
+    def feed(self, output: RequestOutput) -> list[dict[str, Any]]:
+        events = []
+        if not self.started:
+            self.started = True
+            opening = message(self.ctx, [], None, None, output.prompt_token_count, 0)
+            events.append({"type": "message_start", "message": opening})
+        return events + [event for seq in output.outputs for event in self._sequence(seq)]
+
+    def _sequence(self, seq: SequenceOutput) -> list[dict[str, Any]]:
+        self.text += seq.text
+        stop = matched_stop(self.text, seq.finish_reason, self.ctx.stop_sequences)
+        content, calls = self.extractor.feed(self._release(seq.text, seq.finished, stop))
+        if seq.finished:
+            tail, more = self.extractor.finish()
+            content, calls = content + tail, calls + more
+        events = self._text(content)
+        for call in calls:
+            events += self._close_text() + self._tool_use(call)
+        self.calls += len(calls)
+        if not seq.finished:
+            return events
+        delta = {"stop_reason": stop_reason(seq.finish_reason, stop, self.calls > 0),
+                 "stop_sequence": stop}
+        return events + self._close_text() + [
+            {"type": "message_delta", "delta": delta,
+             "usage": {"output_tokens": seq.generated_tokens}},
+            {"type": "message_stop"}]
+
+    def _release(self, piece: str, finished: bool, stop: str | None) -> str:
+        """The text that can go out now: at the end all of it but the stop sequence, before it
+        all but a tail that may begin one."""
+        pending = self.held + piece
+        cut = len(pending) if finished else _possible_stop_start(pending, self.ctx.stop_sequences)
+        self.held = pending[cut:]
+        return pending[:cut].removesuffix(stop or "")
+
+    def _text(self, text: str) -> list[dict[str, Any]]:
+        if not text:
+            return []
+        events = []
+        if not self.text_open:
+            events.append(self._block_start({"type": "text", "text": ""}))
+            self.text_open = True
+        delta = {"type": "text_delta", "text": text}
+        return events + [{"type": "content_block_delta", "index": self.blocks - 1,
+                          "delta": delta}]
+
+    def _close_text(self) -> list[dict[str, Any]]:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        return [{"type": "content_block_stop", "index": self.blocks - 1}]
+
+    def _tool_use(self, call: ParsedCall) -> list[dict[str, Any]]:
+        start = self._block_start(tool_use_block(call, whole=False))
+        delta = {"type": "input_json_delta", "partial_json": call.arguments}
+        index = self.blocks - 1
+        return [start, {"type": "content_block_delta", "index": index, "delta": delta},
+                {"type": "content_block_stop", "index": index}]
+
+    def _block_start(self, block: dict[str, Any]) -> dict[str, Any]:
+        self.blocks += 1
+        return {"type": "content_block_start", "index": self.blocks - 1, "content_block": block}
+
+
+def _possible_stop_start(text: str, stops: tuple[str, ...]) -> int:
+    """Where the longest tail of `text` that is a proper prefix of a stop sequence begins."""
+    longest = max(map(len, stops), default=0)
+    for start in range(max(0, len(text) - longest + 1), len(text)):
+        if any(stop.startswith(text[start:]) for stop in stops):
+            return start
+    return len(text)

@@ -1,0 +1,98 @@
+"""vLLM's tokenizer endpoints, `POST /tokenize` and `POST /detokenize`: vLLM's bodies and
+answers, OpenAI's error shape (as vLLM answers them).
+
+`/tokenize` takes a `prompt` (special tokens added unless `add_special_tokens` is false) or chat
+`messages` (with `tools`, `add_generation_prompt`, `continue_final_message`), rendered exactly as
+`/v1/chat/completions` renders them and without added special tokens (the template writes its
+own), so the ids are those the chat route counts as `prompt_tokens`. It answers `count`,
+`max_model_len`, `tokens` and, with `return_token_strs`, `token_strs` (each id's string in the
+vocabulary; null otherwise). `/detokenize` takes `tokens` and answers their text as `prompt`,
+special tokens included. `model`, when given, must name the served model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from handlers.engine.base import Tokenizer
+from handlers.protocols.openai.chat_prompt import render_chat_prompt
+from handlers.protocols.openai.errors import OpenAIError, from_validation_error
+from handlers.protocols.openai.prepare import check_model
+from handlers.protocols.openai.requests import (
+    MAX_TOOLS,
+    ChatCompletionRequest,
+    ChatMessage,
+    Tool,
+)
+
+
+class _TokensRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+
+
+class TokenizePromptRequest(_TokensRequest):
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_TokensRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    add_generation_prompt: bool | None = None  # null: true unless continuing the last message
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_TokensRequest):
+    tokens: list[int]
+
+
+R = TypeVar("R", bound=_TokensRequest)
+
+
+def _parse(kind: type[R], body: Any, model: str) -> R:
+    if not isinstance(body, dict):
+        raise OpenAIError("the request body must be a JSON object")
+    try:
+        request = kind.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+    check_model(request.model, model)
+    return request
+
+
+def tokenize(body: Any, tokenizer: Tokenizer, model: str, max_model_len: int) -> dict[str, Any]:
+    is_chat = isinstance(body, dict) and "messages" in body
+    request = _parse(TokenizeChatRequest if is_chat else TokenizePromptRequest, body, model)
+    text = _chat_prompt(request, tokenizer) if isinstance(request, TokenizeChatRequest) \
+        else request.prompt
+    ids = tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+    strings = tokenizer.token_strings(ids) if request.return_token_strs else None
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
+            "token_strs": strings}
+
+
+def _chat_prompt(request: TokenizeChatRequest, tokenizer: Tokenizer) -> str:
+    if request.continue_final_message and request.add_generation_prompt:
+        raise OpenAIError("continue_final_message: cannot be true with add_generation_prompt",
+                          "continue_final_message", code="invalid_value")
+    chat = ChatCompletionRequest.model_construct(
+        messages=request.messages, tools=request.tools,
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message)
+    return render_chat_prompt(tokenizer, chat)
+
+
+def detokenize(body: Any, tokenizer: Tokenizer, model: str) -> dict[str, str]:
+    request = _parse(DetokenizeRequest, body, model)
+    unknown = [t for t in request.tokens if not 0 <= t < tokenizer.vocab_size]
+    if unknown:
+        raise OpenAIError(f"tokens: unknown token ids {unknown[:5]}", "tokens",
+                          code="invalid_value")
+    return {"prompt": tokenizer.decode(request.tokens, skip_special_tokens=False)}
