@@ -23,7 +23,7 @@ import uvicorn
 
 from handlers.config import Config, ConfigError, check_effects, load_config, log_config, parse_args
 from handlers.engine import registry
-from handlers.engine.base import Embedder, EngineBuild, SupervisedLoop
+from handlers.engine.base import Embedder, Engine, EngineBuild, SupervisedLoop
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
 from handlers.server.http.request_id import uvicorn_log_config
@@ -116,8 +116,10 @@ def _run(config: Config, ctx: ServerContext, built: EngineBuild | None,
         if built.main_loop is None:  # an engine that lives on the server's event loop
             while ctx.loop is None and http.is_alive():  # the server is still starting
                 time.sleep(0.05)
-            if ctx.loop is not None:
-                asyncio.run_coroutine_threadsafe(built.engine.start(), ctx.loop).result()
+            if ctx.loop is not None and not _started(built.engine, ctx.loop):
+                stop_server()
+                http.join()
+                return 1
         ctx.generator.attach(built.engine)
     log.info("model %s is ready on http://%s:%d", config.model_name, config.host, config.port)
     # Stopping: the app's shutdown stops the engines once the requests drained; should the
@@ -134,6 +136,17 @@ def _run(config: Config, ctx: ServerContext, built: EngineBuild | None,
     done.wait()
     http.join()
     return status
+
+
+def _started(engine: Engine, loop: asyncio.AbstractEventLoop) -> bool:
+    """Start the engine on the server's loop; False (logged) when it fails to (vLLM loads its
+    LoRA adapters there): startup stops rather than serve without it."""
+    try:
+        asyncio.run_coroutine_threadsafe(engine.start(), loop).result()
+    except Exception:
+        log.exception("starting the engine failed; stopping")
+        return False
+    return True
 
 
 def _load(config: Config) -> tuple[EngineBuild | None, Embedder | None] | None:

@@ -100,6 +100,7 @@ class FakeEngine:
     max_model_len: int = 64
     dtype: str = "float32"
     device: str = "cpu"
+    adapters: tuple[str, ...] = ()  # LoRA adapters a request may name (it runs them alike)
     token_delay: float = 0.0  # seconds per engine step
     tokens_per_step: int = 1
     ready: bool = True
@@ -116,6 +117,8 @@ class FakeEngine:
     def validate(self, request: GenerationRequest) -> None:
         if "[[invalid]]" in request.prompt:
             raise RequestValidationError("inputs", "the prompt carries the [[invalid]] marker")
+        if request.adapter is not None and request.adapter not in self.adapters:
+            raise RequestValidationError("adapter", f"no LoRA adapter {request.adapter!r}")
         ids = self.tokenizer.encode(request.prompt)
         if request.params.truncate:
             ids = ids[-request.params.truncate :]

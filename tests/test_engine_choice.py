@@ -88,7 +88,7 @@ def test_llamacpp_takes_its_settings(tmp_path, llama_cpp_installed, option):
 
 @pytest.mark.parametrize(("option", "message"), [
     ("option.dtype=bf16", "option.dtype=bf16 (command line) is not supported by the llamacpp "
-                          "engine (supported by: torch, vllm (not in this build yet))"),
+                          "engine (supported by: torch, vllm)"),
     ("option.trust_remote_code=true", "is not supported by the llamacpp engine"),
     ("option.quantize=awq", "is not supported by the llamacpp engine"),
     ("option.device=cuda", "the llamacpp engine runs on the CPU only"),

@@ -65,7 +65,7 @@ def passes_checks(model_dir: Path, *options: str) -> bool:
 
 @pytest.mark.parametrize(("option", "message"), [
     ("option.quantize=awq", "option.quantize=awq (command line) is not supported by the torch "
-                            "engine (supported by: vllm (not in this build yet))"),
+                            "engine (supported by: vllm)"),
     ("option.tensor_parallel_degree=2", "option.tensor_parallel_degree=2 (command line) is not "
                                         "supported by the torch engine"),
     ("option.pipeline_parallel_degree=2", "option.pipeline_parallel_degree=2 (command line) is "
@@ -86,9 +86,6 @@ def passes_checks(model_dir: Path, *options: str) -> bool:
                            "to dynamic batching (option.rolling_batch=disable) only"),
     ("option.enable_streaming=true", "option.enable_streaming=True (command line) would have no "
                                      "effect"),
-    ("option.rolling_batch=vllm", "option.rolling_batch=vllm (command line) asks for the vllm "
-                                  "engine, which this build does not include yet"),
-    ("option.rolling_batch=lmi-dist", "asks for the vllm engine"),
 ])
 def test_a_key_that_would_not_take_effect_stops_startup(tmp_path, option, message):
     assert message in start(tmp_path, option)

@@ -180,7 +180,6 @@ def test_info_and_health(url):
      "`stop` supports up to 4 stop sequences"),
     ({"inputs": "a", "parameters": {"max_new_tokens": 100}},
      "`inputs` tokens + `max_new_tokens` must be <= 64. Given: 1 `inputs` tokens and 100"),
-    ({"inputs": "a", "parameters": {"adapter_id": "my-lora"}}, "LoRA adapters are not supported"),
     ({"inputs": "a", "parameters": {"grammar": {"type": "json", "value": {"type": "object"}}}},
      "Grammar must have a 'properties' field"),
     ({"inputs": "a", "parameters": {"grammar": {"type": "xml", "value": "x"}}},

@@ -67,3 +67,6 @@ def log_config(config: Config, logger: logging.Logger) -> None:
         logger.info("config %s = %s [%s]", label, value, config.sources[field])
     for key, (value, source) in config.ignored.items():
         logger.info("config %s = %s [%s; a DJL setting with no effect here]", key, value, source)
+    for name, (value, source) in config.engine_args.items():
+        shown = "<set>" if "token" in name or "key" in name else value  # hf_token and the like
+        logger.info("config option.%s = %s [%s; an engine argument by name]", name, shown, source)

@@ -43,6 +43,10 @@ def check_effects(config: Config) -> None:
         for setting in BY_FIELD.values():
             if setting.engine and config.is_set(setting):
                 _refuse(config, setting, reason)
+        if config.adapters:
+            adapter = config.adapters[0]
+            raise ConfigError(f"LoRA adapter {adapter.name!r} ({adapter.source}) would have no "
+                              f"effect: {reason}")
         return
     mode = "dynamic batching (option.rolling_batch=disable)"
     if config.dynamic_batching:

@@ -104,6 +104,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.cpu_offload_gb_per_gpu", "cpu_offload_gb_per_gpu", values.number(0), 0.0,
             engine=True),
     Setting("option.load_format", "load_format", values.text, "auto", engine=True),
+    # More LoRA adapters than <model_dir>/adapters/ holds: vLLM's server option, as
+    # comma-separated name=path pairs (handlers/config/adapters.py reads them).
+    Setting("option.lora_modules", "lora_modules", values.text, None, engine=True),
     # A dead engine loop is rebuilt and restarted (true) or stops the process with exit 1.
     Setting("option.engine_restart", "engine_restart", values.boolean, True, engine=True),
     # Seconds one engine step may run before the engine counts as stuck (0: no limit).
@@ -141,13 +144,23 @@ _KNOWN |= {alias.lower(): target for alias, target in KEY_ALIASES.items()}
 
 
 def canonical_key(key: str, source: str) -> str:
-    """DJL's own spelling of `key` (matched case-insensitively, so OPTION_ENTRYPOINT works)."""
+    """DJL's own spelling of `key` (matched case-insensitively, so OPTION_ENTRYPOINT works).
+
+    Another `option.<name>` is kept, lower-cased, as an argument the engine may take by name
+    (vLLM's AsyncEngineArgs fields, as DJL LMI passes them on): `engine_args` decides.
+    """
     canonical = _KNOWN.get(key.lower())
-    if canonical is None:
-        close = difflib.get_close_matches(key, [*BY_KEY, *DJL_FRONT_END_KEYS], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown configuration key {key!r} ({source}){hint}")
-    return canonical
+    if canonical is not None:
+        return canonical
+    if key.lower().startswith("option.") and len(key) > len("option."):
+        return key.lower()
+    raise unknown_key(key, source)
+
+
+def unknown_key(key: str, source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, [*BY_KEY, *DJL_FRONT_END_KEYS], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown configuration key {key!r} ({source}){hint}")
 
 
 def _same(value: str) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,12 +22,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from handlers.config import values
+from handlers.config.adapters import Adapter, find_adapters
 from handlers.config.keys import (
+    BY_KEY,
     DJL_FRONT_END_KEYS,
     SETTINGS,
     TEXT_EMBEDDING,
     ConfigError,
     Setting,
+    unknown_key,
 )
 from handlers.config.model import ModelFiles, model_values, resolve_model_dir
 from handlers.config.sources import (
@@ -38,6 +43,8 @@ from handlers.config.sources import (
     add_properties,
 )
 from handlers.model_source import DEFAULT_EMBEDDING_ID, has_sentence_transformers_layout
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class Config:
     disable_sliding_window: bool
     cpu_offload_gb_per_gpu: float
     load_format: str
+    lora_modules: str | None  # name=path pairs; `adapters` holds them read
     engine_restart: bool
     engine_stall_timeout: int  # seconds; 0: no limit
     host: str
@@ -97,6 +105,11 @@ class Config:
     log_level: str
     sources: dict[str, str]
     ignored: dict[str, tuple[str, str]]  # DJL front-end keys: key -> (value, source)
+    # Other `option.<name>` keys, for an engine that takes arguments by name (vLLM's):
+    # name -> (value text, source); the registry refuses them for any other engine.
+    engine_args: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    # The LoRA adapters to serve: the model directory's and option.lora_modules'.
+    adapters: tuple[Adapter, ...] = ()
 
     @property
     def uses_default_model(self) -> bool:
@@ -147,15 +160,36 @@ def load_config(
     settings |= model_values(model_dir, settings, sources)
     _check_batching(settings, sources)
     sources["model_dir"] = dir_source
+    adapters = find_adapters(model_dir, settings["lora_modules"], sources["lora_modules"],
+                             settings["model_name"])
     ignored = {key: raw[key] for key in sorted(raw) if key in DJL_FRONT_END_KEYS}
-    return Config(model_dir=model_dir, sources=sources, ignored=ignored, **settings)
+    return Config(model_dir=model_dir, sources=sources, ignored=ignored,
+                  engine_args=_engine_args(raw, settings["rolling_batch"]), adapters=adapters,
+                  **settings)
+
+
+def _engine_args(raw: Raw, rolling_batch: str) -> dict[str, tuple[str, str]]:
+    """The keys no setting claims, by engine argument name. Only vLLM takes arguments by name:
+    with another engine they are unknown keys, refused here (or, under `auto` where vLLM is
+    installed, by the registry once it knows the engine)."""
+    passed = {key: raw[key] for key in sorted(raw)
+              if key not in BY_KEY and key not in DJL_FRONT_END_KEYS}
+    takes_args = rolling_batch == "vllm" or (
+        rolling_batch == "auto" and importlib.util.find_spec("vllm") is not None)
+    if passed and not takes_args:
+        key, (_text, source) = next(iter(passed.items()))
+        raise unknown_key(key, source)
+    return {key.removeprefix("option."): value for key, value in passed.items()}
 
 
 def _parse(setting: Setting, text: str, source: str) -> Any:
     try:
-        return setting.parse(text)
+        value = setting.parse(text)
     except ValueError as exc:
         raise ConfigError(f"{setting.key}={text!r} ({source}) is invalid: {exc}") from None
+    if isinstance(value, str) and value.lower() != text.lower():  # another name for it
+        log.info("%s=%s (%s) is read as %s", setting.key, text, source, value)
+    return value
 
 
 def _resolve(raw: Raw) -> tuple[dict[str, Any], dict[str, str]]:

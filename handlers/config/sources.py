@@ -59,6 +59,10 @@ def add_env(raw: Raw, env: Mapping[str, str]) -> None:
             _add(raw, "option." + name[len("OPTION_") :], value, f"env {name}")
         elif name.startswith("SERVING_"):
             _add(raw, name[len("SERVING_") :], value, f"env {name}")
+    # AWS's vLLM SageMaker image: SM_VLLM_<FIELD> is vLLM's engine argument <field>.
+    for name, value in sorted(env.items()):
+        if name.startswith("SM_VLLM_") and len(name) > len("SM_VLLM_"):
+            _add(raw, "option." + name[len("SM_VLLM_") :].lower(), value, f"env {name}")
     for name, key, translate in ENV_VARS:
         if env.get(name, "").strip():
             try:

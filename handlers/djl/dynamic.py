@@ -89,7 +89,7 @@ class DynamicBatchDriver:
     def _parse(self, item: Input) -> _Item:
         try:
             request = parse_dynamic_request(request_body(item))
-            gens = to_generation_requests(request)
+            gens = to_generation_requests(request, request.adapters or None)
             validate_inputs(request, gens, self.engine.validate)
         except ProtocolError as exc:  # a body that is not JSON is refused in LMI's terms
             log.info("[RequestId=%s] invalid request: %s", item.get_property("requestId"),

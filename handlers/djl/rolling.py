@@ -131,7 +131,7 @@ class RollingBatchDriver:
         try:
             lmi = _parse(item)
             style = answer_style(lmi, self.output_formatter, self.tgi_compat)
-            gen = to_generation_request(lmi)
+            gen = to_generation_request(lmi, lmi.adapters or None)  # the engine checks it
             self.engine.validate(gen)
         except LmiError as exc:
             req.refusal = _PARSE_FAILED + exc.message

@@ -20,6 +20,7 @@ from handlers.djl.dynamic import DynamicBatchDriver
 from handlers.djl.rolling import RollingBatchDriver
 from handlers.djl.settings import check_djl_effects, config_from_properties, is_rolling
 from handlers.engine import registry
+from handlers.engine.stepped import SteppedEngine
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,9 @@ class DjlService:
                               f"({config.embedding_source}) is served by lmi-serve")
         check_effects(config)
         check_djl_effects(config)
-        steppable = registry.build(config).steppable
-        if steppable is None:
-            raise ConfigError("the DJL entry steps its engine; "
-                              f"option.rolling_batch={config.rolling_batch!r} builds one that "
-                              "cannot be stepped")
+        built = registry.build(config)
+        # An engine with no steps of its own (vLLM's) runs on an event loop of its own.
+        steppable = built.steppable or SteppedEngine(built.engine)
         if is_rolling(properties):
             self.driver = RollingBatchDriver(steppable, config.output_formatter,
                                              config.tgi_compat)

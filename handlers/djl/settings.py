@@ -9,10 +9,12 @@ folded them into the properties, and the file may hold DJL keys this project doe
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
 from handlers.config import SETTINGS, Config, ConfigError, load_config, parse_args
+from handlers.engine.vllm.args import vllm_fields
 
 # DJL's front end itself applies these (it found this entry point, times loading and each call).
 _DJL_OWN = {"option.entryPoint", "option.model_loading_timeout", "option.predict_timeout"}
@@ -45,6 +47,11 @@ def _options(properties: Mapping[str, Any]) -> dict[str, str]:
         # Values may be objects DJL put there (a custom output formatter function).
         if f"option.{key}" in _OPTIONS and isinstance(value, str | int | float)
     }
+    if str(properties.get("rolling_batch")) in ("vllm", "lmi-dist"):
+        # As DJL's vLLM handler: the properties that name vLLM engine arguments are passed on.
+        fields = vllm_fields() if importlib.util.find_spec("vllm") else {}
+        options |= {f"option.{key}": str(value) for key, value in properties.items()
+                    if key in fields and f"option.{key}" not in _OPTIONS | _DJL_OWN}
     device = _device(properties.get("device_id"))
     if device is not None:
         options.setdefault("option.device", device)

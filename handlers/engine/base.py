@@ -47,11 +47,13 @@ class Engine(Protocol):
     tokenizer: Tokenizer
     dtype: str  # the weights' dtype, e.g. "float32" (what /info reports)
     device: str  # e.g. "cpu", "cuda"
+    adapters: tuple[str, ...]  # the LoRA adapters a request may name (`adapter`); () for none
 
     def validate(self, request: GenerationRequest) -> None:
         """Tokenize and check a request before admission; raise RequestValidationError.
 
-        Fills `request.prompt_token_ids` (truncated as `params.truncate` asks).
+        Fills `request.prompt_token_ids` (truncated as `params.truncate` asks). An `adapter` the
+        engine does not serve is refused (field "adapter").
         """
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:

@@ -110,6 +110,10 @@ class DynamicBatcher:
     def device(self) -> str:
         return self.inner.device
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return self.inner.adapters
+
     # -- the Engine interface -------------------------------------------------------------------
 
     def health(self) -> bool:

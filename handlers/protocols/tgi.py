@@ -12,6 +12,7 @@ in, plain objects out.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.engine.types import GenerationRequest, SamplingParams, StructuredOutput
+from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.lmi.formatters import END_TOKEN, token_dict, top_dicts
@@ -132,16 +134,18 @@ def validate(request: TgiRequest, stream: bool) -> None:
         (p.truncate == 0, "`truncate` must be strictly positive"),
         (stream and p.decoder_input_details,
          "`decoder_input_details` == true is not supported when streaming tokens"),
-        (p.adapter_id is not None, "`adapter_id`: LoRA adapters are not supported by this "
-                                   "server; send the request without one"),
     ]
     for failed, message in checks:
         if failed:
             raise TgiError(message)
 
 
-def generation_request(request: TgiRequest) -> GenerationRequest:
+def generation_request(request: TgiRequest, model: str, adapters: Sequence[str] = ()
+                       ) -> GenerationRequest:
+    """`adapters`: the LoRA adapters `adapter_id` may name (`model`'s own name, or none: the
+    base model)."""
     p = request.parameters
+    adapter = _adapter(p.adapter_id, model, adapters)
     sampled = _sampling(p)
     seed = p.seed
     if sampled and seed is None:  # TGI reports the seed it drew, so the answer can be replayed
@@ -165,7 +169,15 @@ def generation_request(request: TgiRequest) -> GenerationRequest:
         structured=_grammar(p.grammar),
         watermark=p.watermark,
     )
-    return GenerationRequest(request.inputs, params)
+    return GenerationRequest(request.inputs, params, adapter=adapter)
+
+
+def _adapter(adapter_id: str | None, model: str, adapters: Sequence[str]) -> str | None:
+    # TGI itself runs an unknown adapter_id as the base model; refusing it says what is served.
+    try:
+        return adapter_named(adapter_id, model, adapters)
+    except UnknownAdapter as exc:
+        raise TgiError(f"`adapter_id`: {exc.message}", ErrorKind.NOT_FOUND) from None
 
 
 def _grammar(grammar: Grammar | None) -> StructuredOutput | None:

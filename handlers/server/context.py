@@ -116,6 +116,11 @@ class ServerContext:
         served = (self.generator, self.embedder)
         return [model.name for model in served if model is not None and model.name is not None]
 
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters the generation model serves, once it is loaded."""
+        served = self.generator
+        return served.engine.adapters if served is not None and served.engine is not None else ()
+
     def ready(self) -> bool:
         """Whether every served model can answer (what /ping reports)."""
         return all(model.ready for model in (self.generator, self.embedder) if model is not None)

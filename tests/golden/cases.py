@@ -325,7 +325,8 @@ GROUPS: list[tuple[str, dict[str, Any], bool, list[Case]]] = [
 ]
 
 _ID = re.compile(rb"[0-9a-f]{32}")
-_TIMES = re.compile(rb'"(created|prefill_time|decode_time|queue_wait_time|seed)":[0-9.e-]+')
+_TIMES = re.compile(rb'"(created|created_at|completed_at|prefill_time|decode_time|'
+                    rb'queue_wait_time|seed)":[0-9.e-]+')
 _DECODE_TIMES = re.compile(rb'"decode_time_arr":\[[0-9.e,-]*\]')
 # /metrics: when series were created, and latencies (their sums and which bucket they fell in)
 _METRIC_TIMES = re.compile(rb"^(\S+(?:_created|_seconds_bucket|_seconds_sum)(?:\{.*\})?) \S+$",

@@ -76,6 +76,7 @@ class TorchEngine:
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.device = loaded.device.type
         self.max_model_len = loaded.max_model_len
+        self.adapters: tuple[str, ...] = ()  # LoRA adapters are the vllm engine's
         self._loaded = loaded
         self._limits = (max_batch_size, max_prefill_tokens)
         self._new_runner = new_runner or (
@@ -105,6 +106,9 @@ class TorchEngine:
 
     def validate(self, request: GenerationRequest) -> None:
         params = request.params
+        if request.adapter is not None:
+            raise RequestValidationError("adapter", f"LoRA adapter {request.adapter!r}: this "
+                                         "engine serves none (the vllm engine serves adapters)")
         sampling.validate_params(params, self.vocab_size)
         ids = self.tokenizer.encode(request.prompt) \
             if request.prompt_token_ids is None else list(request.prompt_token_ids)

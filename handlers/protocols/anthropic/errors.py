@@ -5,7 +5,7 @@ not_found_error, 529 overloaded_error...); the wire's status table is handlers/s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,9 +33,10 @@ def error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 
-def model_not_found(model: str, served: str) -> AnthropicError:
-    return AnthropicError(f"model: '{model}' is not served here; this server serves '{served}'",
-                          ErrorKind.NOT_FOUND)
+def model_not_found(model: str, served: str, adapters: Sequence[str] = ()) -> AnthropicError:
+    also = f" and its LoRA adapters {', '.join(adapters)}" if adapters else ""
+    return AnthropicError(f"model: '{model}' is not served here; this server serves '{served}'"
+                          f"{also}", ErrorKind.NOT_FOUND)
 
 
 def not_a_text_model(model: str) -> AnthropicError:

@@ -13,11 +13,13 @@ constrained decoding.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from handlers.engine.base import Tokenizer
 from handlers.engine.types import GenerationRequest
+from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.anthropic.errors import AnthropicError, in_anthropic_terms, model_not_found
 from handlers.protocols.anthropic.render import MessageContext
 from handlers.protocols.anthropic.requests import (
@@ -50,8 +52,10 @@ class MessagesJob:
     context: MessageContext
 
 
-def prepare_messages(body: Any, tokenizer: Tokenizer, model: str) -> MessagesJob:
-    request = _parse(MessagesRequest, body, model)
+def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
+                     adapters: Sequence[str] = ()) -> MessagesJob:
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model."""
+    request, adapter = _parse(MessagesRequest, body, model, adapters)
     chat = chat_request(request)
     with in_anthropic_terms():
         prompt = render_chat_prompt(tokenizer, chat)
@@ -59,30 +63,40 @@ def prepare_messages(body: Any, tokenizer: Tokenizer, model: str) -> MessagesJob
     # The stop sequence stays in the engine's text so the answer can say which one matched;
     # the rendering cuts it off, as Anthropic never returns it.
     params.include_stop_str_in_output = True
-    gen = GenerationRequest(prompt=prompt, params=params)
+    gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
     options = ChatOptions.for_request(chat, full_text_enabled=False)
-    context = MessageContext(f"msg_{gen.request_id}", model, options,
+    context = MessageContext(f"msg_{gen.request_id}", adapter or model, options,
                              tuple(request.stop_sequences or ()))
     return MessagesJob(request, gen, chat, context)
 
 
-def count_tokens(body: Any, tokenizer: Tokenizer, model: str) -> dict[str, int]:
+def count_tokens(body: Any, tokenizer: Tokenizer, model: str, adapters: Sequence[str] = ()
+                 ) -> dict[str, int]:
     """`input_tokens`: the prompt as `/v1/messages` renders and the engine tokenizes it."""
-    request = _parse(CountTokensRequest, body, model)
+    request, _ = _parse(CountTokensRequest, body, model, adapters)  # adapters share it
     with in_anthropic_terms():
         prompt = render_chat_prompt(tokenizer, chat_request(request))
     return {"input_tokens": len(tokenizer.encode(prompt))}
 
 
-def _parse(kind: type[R], body: Any, model: str) -> R:
+def _adapter(requested: str | None, model: str, adapters: Sequence[str]) -> str | None:
+    """The LoRA adapter `model` names (None: the served model); 404 for another model."""
+    try:
+        return adapter_named(requested, model, adapters)
+    except UnknownAdapter as exc:
+        raise model_not_found(exc.name, model, adapters) from None
+
+
+def _parse(kind: type[R], body: Any, model: str, adapters: Sequence[str]
+           ) -> tuple[R, str | None]:
+    """The request, and the LoRA adapter its `model` names (None: the served model)."""
     request = parse_body(kind, body, AnthropicError, "the request body must be a JSON object")
-    if request.model is not None and request.model != model:
-        raise model_not_found(request.model, model)
+    adapter = _adapter(request.model, model, adapters)
     _check_tools(request)
     if isinstance(request, MessagesRequest) and \
             sum(map(len, request.stop_sequences or [])) > MAX_STOP_CHARS:
         raise AnthropicError(f"stop_sequences: more than {MAX_STOP_CHARS} characters in all")
-    return request
+    return request, adapter
 
 
 def _check_tools(request: CountTokensRequest) -> None:

@@ -11,7 +11,12 @@ from handlers.protocols.lmi.formatters import (
     render_json,
     stream_style,
 )
-from handlers.protocols.lmi.request import LmiRequest, parse_lmi_request, to_generation_request
+from handlers.protocols.lmi.request import (
+    LmiRequest,
+    lmi_adapter,
+    parse_lmi_request,
+    to_generation_request,
+)
 
 __all__ = [
     "LmiError",
@@ -23,6 +28,7 @@ __all__ = [
     "answer_style",
     "early_failure",
     "generation_error",
+    "lmi_adapter",
     "parse_lmi_request",
     "render_json",
     "stream_style",

@@ -55,6 +55,7 @@ class DynamicRequest(BaseModel):
 
     inputs: Prompts
     parameters: LmiParameters = Field(default_factory=LmiParameters)
+    adapters: str | None = None  # the LoRA adapter every input runs with, as in rolling batch
 
 
 def parse_dynamic_request(body: Any) -> DynamicRequest:
@@ -69,9 +70,11 @@ def parse_dynamic_request(body: Any) -> DynamicRequest:
     return request
 
 
-def to_generation_requests(request: DynamicRequest) -> list[GenerationRequest]:
+def to_generation_requests(request: DynamicRequest, adapter: str | None = None
+                           ) -> list[GenerationRequest]:
     return [
-        GenerationRequest(prompt=prompt, params=to_sampling_params(request.parameters))
+        GenerationRequest(prompt=prompt, params=to_sampling_params(request.parameters),
+                          adapter=adapter)
         for prompt in request.inputs
     ]
 

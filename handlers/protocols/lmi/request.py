@@ -6,12 +6,15 @@ Unknown parameter keys are ignored, as LMI passes them through to engines that m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from handlers.engine.types import GenerationRequest, SamplingParams
+from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.bodies import parse_body
+from handlers.protocols.errors import ErrorKind, ProtocolError
 from handlers.protocols.lmi.errors import LmiError
 
 MAX_TOP_TOKENS = 20  # vLLM's default max_logprobs
@@ -77,6 +80,7 @@ class LmiRequest(BaseModel):
     inputs: str = Field(min_length=1)
     parameters: LmiParameters = Field(default_factory=LmiParameters)
     stream: bool = False
+    adapters: str | None = None  # DJL LMI's name for the LoRA adapter to run with
 
 
 def parse_lmi_request(body: Any) -> LmiRequest:
@@ -151,5 +155,17 @@ def to_sampling_params(p: LmiParameters) -> SamplingParams:
     )
 
 
-def to_generation_request(request: LmiRequest) -> GenerationRequest:
-    return GenerationRequest(prompt=request.inputs, params=to_sampling_params(request.parameters))
+def to_generation_request(request: LmiRequest, adapter: str | None = None
+                          ) -> GenerationRequest:
+    return GenerationRequest(prompt=request.inputs, params=to_sampling_params(request.parameters),
+                             adapter=adapter)
+
+
+def lmi_adapter(name: str | None, model: str, adapters: Sequence[str],
+                error: type[ProtocolError] = LmiError) -> str | None:
+    """The LoRA adapter a body's `adapters` names (None: the base model, for none, "" or the
+    model's name); an `error` 404 naming it when the engine serves no such adapter."""
+    try:
+        return adapter_named(name, model, adapters)
+    except UnknownAdapter as exc:
+        raise error(f"adapters: {exc.message}", ErrorKind.NOT_FOUND) from None

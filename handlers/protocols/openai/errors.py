@@ -7,6 +7,7 @@ OpenAI's string code where it has one (`model_not_found`, `context_length_exceed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -45,9 +46,10 @@ class OpenAIError(ProtocolError):
                           "code": self.code}}
 
 
-def model_not_found(model: str, served: str) -> OpenAIError:
-    return OpenAIError(f"The model '{model}' does not exist; this server serves '{served}'.",
-                       "model", ErrorKind.NOT_FOUND, "model_not_found")
+def model_not_found(model: str, served: str, adapters: Sequence[str] = ()) -> OpenAIError:
+    also = f" and its LoRA adapters {', '.join(adapters)}" if adapters else ""
+    return OpenAIError(f"The model '{model}' does not exist; this server serves '{served}'"
+                       f"{also}.", "model", ErrorKind.NOT_FOUND, "model_not_found")
 
 
 def not_a_text_model(model: str) -> OpenAIError:

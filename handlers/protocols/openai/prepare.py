@@ -7,11 +7,13 @@ output length. Everything here raises `OpenAIError` naming the field.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from handlers.engine.base import Tokenizer
 from handlers.engine.types import GenerationRequest
+from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.openai.accumulate import ResponseContext
 from handlers.protocols.openai.chat_prompt import render_chat_prompt
 from handlers.protocols.openai.chat_render import ChatOptions
@@ -40,32 +42,40 @@ class CompletionJob:
     options: CompletionOptions
 
 
-def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, full_text_enabled: bool) -> ChatJob:
+def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, full_text_enabled: bool,
+                 adapters: Sequence[str] = ()) -> ChatJob:
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model."""
     request = parse_chat_request(body)
-    check_model(request.model, model)
+    adapter = check_model(request.model, model, adapters)
     prompt = render_chat_prompt(tokenizer, request)
     params = chat_sampling_params(request, structured_output(request))
-    gen = GenerationRequest(prompt=prompt, params=params)
-    context = ResponseContext(f"chatcmpl-{gen.request_id}", int(time.time()), model,
+    gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
+    context = ResponseContext(f"chatcmpl-{gen.request_id}", int(time.time()), adapter or model,
                               token_text_of(tokenizer))
     return ChatJob(request, gen, context, ChatOptions.for_request(request, full_text_enabled))
 
 
-def prepare_completion(body: Any, tokenizer: Tokenizer, model: str) -> CompletionJob:
+def prepare_completion(body: Any, tokenizer: Tokenizer, model: str,
+                       adapters: Sequence[str] = ()) -> CompletionJob:
     request = parse_completion_request(body)
-    check_model(request.model, model)
+    adapter = check_model(request.model, model, adapters)
     prompts = prompt_list(request.prompt, tokenizer)
     gens = [GenerationRequest(prompt=text, params=completion_sampling_params(request),
-                              prompt_token_ids=ids) for text, ids in prompts]
-    context = ResponseContext(f"cmpl-{gens[0].request_id}", int(time.time()), model,
+                              prompt_token_ids=ids, adapter=adapter) for text, ids in prompts]
+    context = ResponseContext(f"cmpl-{gens[0].request_id}", int(time.time()), adapter or model,
                               token_text_of(tokenizer))
     options = CompletionOptions.for_request(request, [text for text, _ in prompts])
     return CompletionJob(request, gens, context, options)
 
 
-def check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
-        raise model_not_found(requested, served)
+def check_model(requested: str | None, served: str, adapters: Sequence[str] = ()
+                ) -> str | None:
+    """The LoRA adapter `model` names (None: the served model, as when it is absent); 404 for
+    any other model. The answer's `model` echoes the adapter, as vLLM's does."""
+    try:
+        return adapter_named(requested, served, adapters)
+    except UnknownAdapter:
+        raise model_not_found(requested, served, adapters) from None
 
 
 def prompt_list(prompt: str | list[Any], tokenizer: Tokenizer

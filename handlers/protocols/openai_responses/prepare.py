@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,16 +61,17 @@ class ResponsesJob:
     items: list[dict[str, Any]]  # history and this input: what a continuation starts from
 
 
-def prepare_response(body: Any, tokenizer: Tokenizer, model: str, history: History
-                     ) -> ResponsesJob:
+def prepare_response(body: Any, tokenizer: Tokenizer, model: str, history: History,
+                     adapters: Sequence[str] = ()) -> ResponsesJob:
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model."""
     request = parse_request(body)
-    check_model(request.model, model)
+    adapter = check_model(request.model, model, adapters)
     past = _history(request, history)
     items = past + _input_items(request)
     chat = _chat_request(request, chat_messages(request.instructions, items, len(past)))
     params = chat_sampling_params(chat, _structured(chat))
-    gen = GenerationRequest(prompt=_prompt(tokenizer, chat), params=params)
-    ctx = ResponseContext(f"resp_{gen.request_id}", int(time.time()), model,
+    gen = GenerationRequest(prompt=_prompt(tokenizer, chat), params=params, adapter=adapter)
+    ctx = ResponseContext(f"resp_{gen.request_id}", int(time.time()), adapter or model,
                           token_text_of(tokenizer))
     options = ResponseOptions(ctx, echo_fields(request), ChatOptions.for_request(chat, False),
                               request.logprobs, request.top_logprobs or 0)

@@ -72,7 +72,7 @@ def _engine(ctx: ServerContext) -> Engine:
 async def messages_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
-        job = prepare_messages(body, engine.tokenizer, ctx.settings.model_name)
+        job = prepare_messages(body, engine.tokenizer, ctx.settings.model_name, engine.adapters)
         with in_anthropic_terms():
             admit(engine, job.gen, job.chat, "messages")
         generation = ctx.generation(engine, [job.gen])
@@ -87,7 +87,8 @@ async def messages_body(ctx: ServerContext, request: Request, body: Any) -> Answ
 async def count_tokens_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
-        return Reply(200, count_tokens(body, engine.tokenizer, ctx.settings.model_name))
+        return Reply(200, count_tokens(body, engine.tokenizer, ctx.settings.model_name,
+                                       engine.adapters))
 
     return await guarded(ANTHROPIC, answer)
 

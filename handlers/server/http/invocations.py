@@ -9,15 +9,19 @@ routes answer through it too. A JSON object is, in this order:
    (an OpenAI chat body has none of these);
 2. an OpenAI chat completion when it has `messages`;
 3. an OpenAI Responses request when it has `input`, a generation model is served, its `model`
-   is not the embedding model's name, and: its `model` is the generation model's name, or it
-   has a field of `RESPONSES_FIELDS` (none is an embeddings field), or no embedding model is
-   served;
+   is not the embedding model's name, and: its `model` is the generation model's name (or
+   one of its LoRA adapters'), or it has a field of `RESPONSES_FIELDS` (none is an embeddings
+   field), or no embedding model is served;
 4. a completion when it has `prompt`;
 5. embeddings when it has `input`;
 6. else LMI's schema, as anything that is not an object.
 
 Databricks' endpoints choose among OpenAI's chat, completions and embeddings by the keys of
 `BODY_ROUTES` alone.
+
+SageMaker's adapter header (`X-Amzn-SageMaker-Adapter-Identifier`) names the LoRA adapter
+whatever the body speaks: it sets the body's own selector, over what the body says (as vLLM's
+SageMaker integration sets `model`, and DJL LMI reads the header before `adapters`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ BODY_ROUTES: tuple[tuple[str, BodyHandler], ...] = (
     ("input", embeddings_body),
 )
 ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result"})
+ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
 # Fields of a Responses request that no embeddings request has.
 RESPONSES_FIELDS = frozenset({
     "instructions", "max_output_tokens", "previous_response_id", "conversation", "text",
@@ -60,7 +65,7 @@ def body_handler(ctx: ServerContext, body: Any, headers: Headers) -> BodyHandler
         return lmi_body
     if "messages" in body:
         return messages_body if is_anthropic(body, headers) else chat_body
-    if is_responses(ctx, body):
+    if is_responses(ctx, body, headers.get(ADAPTER_HEADER)):
         return responses_body
     return next((handler for key, handler in BODY_ROUTES if key in body), lmi_body)
 
@@ -81,22 +86,33 @@ def _has_anthropic_blocks(messages: Any) -> bool:
     return False
 
 
-def is_responses(ctx: ServerContext, body: dict[str, Any]) -> bool:
-    """Whether a body is a Responses request for the generation model rather than embeddings."""
+def is_responses(ctx: ServerContext, body: dict[str, Any], adapter: str | None = None) -> bool:
+    """Whether a body is a Responses request for the generation model rather than embeddings
+    (`adapter`: what SageMaker's adapter header names, which stands for the body's `model`)."""
     if "input" not in body or ctx.generator is None:
         return False
-    model = body.get("model")
+    model = adapter if adapter is not None else body.get("model")
     if model is not None and model == ctx.embedding_model():
         return False
-    return model == ctx.settings.model_name or not RESPONSES_FIELDS.isdisjoint(body) \
-        or ctx.embedder is None
+    return model == ctx.settings.model_name or model in ctx.adapters() \
+        or not RESPONSES_FIELDS.isdisjoint(body) or ctx.embedder is None
+
+
+def with_adapter(body: Any, handler: BodyHandler, headers: Headers) -> Any:
+    """The body with SageMaker's adapter header in its protocol's selector: LMI's `adapters`,
+    every other protocol's `model` (so an embeddings body naming an adapter is a 404)."""
+    adapter = headers.get(ADAPTER_HEADER)
+    if adapter is None or not isinstance(body, dict):
+        return body
+    return {**body, "adapters" if handler is lmi_body else "model": adapter}
 
 
 async def invoke(ctx: ServerContext, request: Request) -> Answer:
     """Answer an invocation body, whichever protocol it speaks (one that cannot be read is
     refused in LMI's shape)."""
     async def answer(body: Any) -> Answer:
-        return await body_handler(ctx, body, request.headers)(ctx, request, body)
+        handler = body_handler(ctx, body, request.headers)
+        return await handler(ctx, request, with_adapter(body, handler, request.headers))
 
     return await read_then(LMI, request, ctx.settings.max_request_size, answer)
 

@@ -23,6 +23,7 @@ from handlers.protocols.lmi import (
     answer_style,
     early_failure,
     generation_error,
+    lmi_adapter,
     parse_lmi_request,
     render_json,
     to_generation_request,
@@ -71,7 +72,8 @@ async def lmi_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
 async def _rolling(ctx: ServerContext, request: Request, body: Any) -> Answer:
     engine: Engine = ctx.generator.engine
     lmi = parse_lmi_request(body)
-    gen = to_generation_request(lmi)
+    gen = to_generation_request(lmi, lmi_adapter(lmi.adapters, ctx.settings.model_name,
+                                                 engine.adapters))
     try:
         engine.validate(gen)
     except RequestValidationError as exc:
@@ -113,7 +115,9 @@ async def _token_events(renderer: StreamRenderer, pairs: list[Pair], generation:
 
 async def _dynamic(ctx: ServerContext, request: Request, body: Any) -> Answer:
     parsed = parse_dynamic_request(body)
-    gens = to_generation_requests(parsed)
+    adapter = lmi_adapter(parsed.adapters, ctx.settings.model_name,
+                          ctx.generator.engine.adapters, DynamicError)
+    gens = to_generation_requests(parsed, adapter)
     validate_inputs(parsed, gens, ctx.generator.engine.validate)
     log.info("dynamic-batch request with %d inputs", len(gens))
     generation = ctx.generation(ctx.generator.engine, gens)

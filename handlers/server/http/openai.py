@@ -81,7 +81,7 @@ async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
         engine = _engine(ctx)
         settings = ctx.settings
         job = prepare_chat(body, engine.tokenizer, settings.model_name,
-                           settings.full_text_enabled)
+                           settings.full_text_enabled, engine.adapters)
         _admit(engine, job.gen, job.request, "messages")
         generation = ctx.generation(engine, [job.gen])
         if job.request.stream:
@@ -96,7 +96,8 @@ async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
 async def completion_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
-        job = prepare_completion(body, engine.tokenizer, ctx.settings.model_name)
+        job = prepare_completion(body, engine.tokenizer, ctx.settings.model_name,
+                                 engine.adapters)
         for i, gen in enumerate(job.gens):
             _admit(engine, gen, job.request, "prompt" if len(job.gens) == 1 else f"prompt[{i}]")
         generation = ctx.generation(engine, job.gens)

