@@ -77,6 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers", default=",".join(PEERS), help=f"any of {', '.join(PEERS)}")
     p.add_argument("--quick", action="store_true", help="a small smoke-test run")
     p.add_argument("--no-trace", action="store_true", help="skip the staggered trace")
+    p.add_argument("--vllm-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="both vLLM peers' dtype (auto: vLLM's, bfloat16 on the CPU)")
+    p.add_argument("--vllm-eager", action="store_true",
+                   help="both vLLM peers without torch.compile (starts in ~1 min, not ~4)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -90,6 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     print("machine:", json.dumps(machine), flush=True)
     levels: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    doc = {"machine": machine, "plan": plan, "levels": levels, "skipped": skipped,
+           "vllm": {"dtype": args.vllm_dtype, "eager": args.vllm_eager},
+           "peers": {k: p.name for k, p in PEERS.items()}}
     for key in args.peers.split(","):
         peer = PEERS[key]
         python = REPO / peer.venv / "bin" / "python"
@@ -99,9 +107,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n== {peer.name}", flush=True)
         run = run_direct if key == "llamacpp-direct" else run_server
         levels += [{"peer": key, **level} for level in run(peer, python, plan, args)]
-    doc = {"machine": machine, "plan": plan, "levels": levels, "skipped": skipped,
-           "peers": {k: p.name for k, p in PEERS.items()}}
-    report(doc, args.out)
+        save(doc, args.out, stamp)  # so far: a run cut short keeps what it measured
+    report(doc, args.out, stamp)
 
 
 def machine_info(threads: int) -> dict[str, Any]:
@@ -116,12 +123,16 @@ def machine_info(threads: int) -> dict[str, Any]:
 def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[dict]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [str(python), *(a.format(port=port, model_dir=model_dir()) for a in peer.args)]
+    command = [str(python), *(a.format(port=port, model_dir=model_dir()) for a in peer.args),
+               *vllm_flags(peer, args)]
     log = args.out / f"peer-{peer.venv.strip('.')}-{port}.log"
     args.out.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as sink:
+        # vLLM's CPU build binds its own OpenMP threads (one core each, one kept for its
+        # frontend): an OMP_NUM_THREADS above that oversubscribes the bound cores ~30x slower.
+        env = os.environ if peer.venv == ".venv-vllm" else thread_env(args.threads)
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=thread_env(args.threads))
+                                env=env)
     try:
         started = wait_ready(proc, url + peer.ready, args.startup_timeout, log)
         print(f"ready in {started:.0f} s", flush=True)
@@ -132,6 +143,18 @@ def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def vllm_flags(peer: Peer, args: argparse.Namespace) -> list[str]:
+    """--vllm-dtype / --vllm-eager, in each vLLM peer's own terms."""
+    if peer is PEERS["vllm-server"]:
+        return [*(["--dtype", args.vllm_dtype] if args.vllm_dtype != "auto" else []),
+                *(["--enforce-eager"] if args.vllm_eager else [])]
+    if peer is PEERS["vllm"]:
+        ours = {"float32": "fp32", "bfloat16": "bf16"}.get(args.vllm_dtype)
+        return [*(["--option", f"option.dtype={ours}"] if ours else []),
+                *(["--option", "option.enforce_eager=true"] if args.vllm_eager else [])]
+    return []
 
 
 def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
@@ -200,14 +223,18 @@ def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -
     return levels
 
 
-def report(doc: dict[str, Any], out: Path) -> None:
-    print()
-    print(format_table(doc))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+def save(doc: dict[str, Any], out: Path, stamp: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"peers-{stamp}.json"
     path.write_text(json.dumps(doc, indent=1))
-    plot(doc, out / f"peers-{stamp}.png")
+    return path
+
+
+def report(doc: dict[str, Any], out: Path, stamp: str) -> None:
+    print()
+    print(format_table(doc))
+    path = save(doc, out, stamp)
+    plot(doc, path.with_suffix(".png"))
     print(f"\nwrote {path} and {path.with_suffix('.png')}")
 
 
