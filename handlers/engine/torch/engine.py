@@ -37,6 +37,7 @@ from handlers.engine.types import (
     GenerationRequest,
     RequestOutput,
     RequestValidationError,
+    prompt_ids,
 )
 
 log = logging.getLogger(__name__)
@@ -110,18 +111,7 @@ class TorchEngine:
             raise RequestValidationError("adapter", f"LoRA adapter {request.adapter!r}: this "
                                          "engine serves none (the vllm engine serves adapters)")
         sampling.validate_params(params, self.vocab_size)
-        ids = self.tokenizer.encode(request.prompt) \
-            if request.prompt_token_ids is None else list(request.prompt_token_ids)
-        if params.truncate is not None and len(ids) > params.truncate:
-            ids = ids[-params.truncate:]
-        if not ids:
-            raise RequestValidationError("inputs", "the prompt is empty after tokenization")
-        if len(ids) >= self.max_model_len:
-            raise RequestValidationError(
-                "inputs",
-                f"the prompt is {len(ids)} tokens, but the model's context is "
-                f"{self.max_model_len} tokens (prompt and generated tokens together)",
-            )
+        ids = prompt_ids(request, self.tokenizer.encode, self.max_model_len)
         if params.num_sequences > self.batcher.max_batch_size:
             raise RequestValidationError(
                 "best_of" if params.best_of else "n",

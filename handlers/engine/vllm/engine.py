@@ -28,6 +28,7 @@ from handlers.engine.types import (
     GenerationRequest,
     RequestOutput,
     RequestValidationError,
+    prompt_ids,
 )
 from handlers.engine.vllm.outputs import OutputMapper
 from handlers.engine.vllm.sampling import sampling_kwargs, structured_kwargs
@@ -67,16 +68,7 @@ class VllmEngine:
         if request.adapter is not None and request.adapter not in self._loras:
             raise RequestValidationError("adapter", f"no LoRA adapter {request.adapter!r} is "
                                          f"served (adapters: {', '.join(self.adapters) or 'none'})")
-        ids = self.tokenizer.encode(request.prompt) \
-            if request.prompt_token_ids is None else list(request.prompt_token_ids)
-        if params.truncate is not None and len(ids) > params.truncate:
-            ids = ids[-params.truncate:]
-        if not ids:
-            raise RequestValidationError("inputs", "the prompt is empty after tokenization")
-        if len(ids) >= self.max_model_len:
-            raise RequestValidationError(
-                "inputs", f"the prompt is {len(ids)} tokens, but the model's context is "
-                f"{self.max_model_len} tokens (prompt and generated tokens together)")
+        ids = prompt_ids(request, self.tokenizer.encode, self.max_model_len)
         if any(not 0 <= i < self.tokenizer.vocab_size for i in ids):
             raise RequestValidationError("inputs", "the prompt has a token id outside the "
                                          f"vocabulary (0..{self.tokenizer.vocab_size - 1})")
