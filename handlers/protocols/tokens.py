@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.engine.base import Tokenizer
 from handlers.protocols.openai.chat_prompt import render_chat_prompt
-from handlers.protocols.openai.errors import OpenAIError, from_validation_error
+from handlers.protocols.openai.errors import OpenAIError, validate_body
 from handlers.protocols.openai.prepare import check_model
 from handlers.protocols.openai.requests import (
     MAX_TOOLS,
@@ -57,12 +57,7 @@ R = TypeVar("R", bound=_TokensRequest)
 
 
 def _parse(kind: type[R], body: Any, model: str) -> R:
-    if not isinstance(body, dict):
-        raise OpenAIError("the request body must be a JSON object")
-    try:
-        request = kind.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    request = validate_body(kind, body)
     check_model(request.model, model)
     return request
 

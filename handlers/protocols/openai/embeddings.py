@@ -7,9 +7,9 @@ import uuid
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from handlers.protocols.openai.errors import OpenAIError, from_validation_error
+from handlers.protocols.openai.errors import OpenAIError, validate_body
 
 
 class EmbeddingRequest(BaseModel):
@@ -39,12 +39,7 @@ class EmbeddingRequest(BaseModel):
 
 def parse_embedding_request(body: Any, dimension: int) -> EmbeddingRequest:
     """Validate the body; raise OpenAIError (400) naming the field."""
-    if not isinstance(body, dict):
-        raise OpenAIError("the request body must be a JSON object", None)
-    try:
-        request = EmbeddingRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    request = validate_body(EmbeddingRequest, body)
     if not request.texts:
         raise OpenAIError("'input' must not be empty", "input", code="invalid_value")
     if request.dimensions is not None and request.dimensions != dimension:

@@ -8,12 +8,14 @@ OpenAI's string code where it has one (`model_not_found`, `context_length_exceed
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.outputs import Failure
+
+M = TypeVar("M", bound=BaseModel)
 
 # pydantic error types -> OpenAI's codes for the same problem
 _CODES = {
@@ -81,6 +83,16 @@ def param_path(loc: tuple[str | int, ...]) -> str:
         else:
             path += f".{part}" if path else part
     return path
+
+
+def validate_body(model: type[M], body: Any) -> M:
+    """`body` as `model`; OpenAIError (400) when it is not a JSON object or a field is wrong."""
+    if not isinstance(body, dict):
+        raise OpenAIError("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
 
 
 def from_validation_error(exc: ValidationError) -> OpenAIError:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import ValidationError
-
-from handlers.protocols.openai.errors import OpenAIError, from_validation_error
+from handlers.protocols.openai.errors import OpenAIError, validate_body
 from handlers.protocols.openai.requests import (
     MAX_STOP_CHARS,
     ChatCompletionRequest,
@@ -15,30 +13,19 @@ from handlers.protocols.openai.requests import (
     NamedToolChoice,
 )
 
-R = TypeVar("R", bound=GenerationFields)
-
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
-    request = _validate(ChatCompletionRequest, body)
+    request = validate_body(ChatCompletionRequest, body)
     _check_common(request)
     _check_chat(request)
     return request
 
 
 def parse_completion_request(body: Any) -> CompletionRequest:
-    request = _validate(CompletionRequest, body)
+    request = validate_body(CompletionRequest, body)
     _check_common(request)
     _check_completion(request)
     return request
-
-
-def _validate(model: type[R], body: Any) -> R:
-    if not isinstance(body, dict):
-        raise OpenAIError("the request body must be a JSON object")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
 
 
 def _check_common(request: GenerationFields) -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
-from handlers.protocols.openai.errors import OpenAIError, from_validation_error
+from handlers.protocols.openai.errors import OpenAIError, validate_body
 from handlers.protocols.openai_responses.requests import (
     INCLUDABLE,
     FunctionTool,
@@ -21,12 +19,7 @@ UNSUPPORTED = "unsupported_parameter"
 
 
 def parse_request(body: Any) -> ResponsesRequest:
-    if not isinstance(body, dict):
-        raise OpenAIError("the request body must be a JSON object")
-    try:
-        request = ResponsesRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    request = validate_body(ResponsesRequest, body)
     _check_unsupported(request)
     _check_tools(request)
     _check_text_format(request)
