@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -91,3 +92,19 @@ def serving(app: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+@contextlib.asynccontextmanager
+async def serving_here(app: object) -> AsyncIterator[str]:
+    """As `serving`, on the caller's event loop (so a test can watch the app's engine while a
+    client talks to it); yield its URL."""
+    server = uvicorn.Server(uvicorn.Config(app, "127.0.0.1", 0, log_level="warning",
+                                           lifespan="off", timeout_graceful_shutdown=1))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
 from fakes import HANG_GUARD_S, FakeEngine, on_fake_clock, served_app
+from server_process import serving_here
 from tiny_model import make_tiny_model_dir
 
 from handlers.engine.dynamic_batch import DynamicBatcher
@@ -331,17 +331,9 @@ async def test_a_stream_failing_after_text_ends_with_the_failure_body():
 @pytest.fixture
 async def live(request) -> AsyncIterator[tuple[FakeEngine, str]]:
     engine = FakeEngine(token_delay=0.01)
-    app = served(engine, batch_size=1, delay_ms=0, streaming=request.param)
-    config = uvicorn.Config(app, "127.0.0.1", 0, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield engine, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    async with serving_here(served(engine, batch_size=1, delay_ms=0,
+                                   streaming=request.param)) as url:
+        yield engine, url
 
 
 @pytest.mark.parametrize("live", [False, True], indirect=True, ids=["json", "stream"])

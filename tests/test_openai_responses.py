@@ -16,11 +16,10 @@ import jsonschema
 import openai
 import orjson
 import pytest
-import uvicorn
 from fakes import FakeEngine, served_app
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from server_process import serving
+from server_process import serving, serving_here
 
 from handlers.protocols.openai.errors import OpenAIError
 from handlers.protocols.openai_responses import ResponseStore, Stored
@@ -332,15 +331,8 @@ async def test_admission_limits_and_hang_ups_apply_as_on_the_chat_route():
 @pytest.fixture
 async def live_fake() -> AsyncIterator[tuple[FakeEngine, str]]:
     engine = FakeEngine(token_delay=0.01)
-    server = uvicorn.Server(uvicorn.Config(served_app(engine), "127.0.0.1", 0,
-                                          log_level="warning", lifespan="off",
-                                          timeout_graceful_shutdown=1))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    yield engine, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    await task
+    async with serving_here(served_app(engine)) as url:
+        yield engine, url
 
 
 async def test_hanging_up_a_stream_aborts_the_request(live_fake):

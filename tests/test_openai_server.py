@@ -10,9 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 import requests
-import uvicorn
 from fakes import FakeEngine, served_app
-from server_process import running_server
+from server_process import running_server, serving_here
 
 pytestmark = pytest.mark.e2e
 
@@ -186,15 +185,8 @@ def test_invocations_routes_by_body(url):
 @pytest.fixture
 async def fake_url() -> AsyncIterator[tuple[FakeEngine, str]]:
     engine = FakeEngine(token_delay=0.01)
-    app = served_app(engine)
-    server = uvicorn.Server(uvicorn.Config(app, "127.0.0.1", 0, log_level="warning",
-                                          lifespan="off", timeout_graceful_shutdown=1))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    yield engine, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    await task
+    async with serving_here(served_app(engine)) as url:
+        yield engine, url
 
 
 async def test_hanging_up_a_stream_aborts_every_prompt(fake_url):

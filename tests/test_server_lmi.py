@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import httpx
 import orjson
 import pytest
-import uvicorn
 from fakes import FakeEngine, served_app
+from server_process import serving_here
 
 from handlers.server.context import ServerSettings
 
@@ -406,18 +406,8 @@ async def test_lmi_names_map_to_engine_parameters(client, engine):
 
 @pytest.fixture
 async def live_url(engine: FakeEngine) -> AsyncIterator[str]:
-    app = served_app(engine, model_name=MODEL)
-    config = uvicorn.Config(
-        app, "127.0.0.1", 0, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    async with serving_here(served_app(engine, model_name=MODEL)) as url:
+        yield url
 
 
 LONG = {"inputs": "a b", "parameters": {"max_new_tokens": 1000}}
