@@ -526,7 +526,8 @@ def test_chat_completion_object():
                                 "message": {"role": "assistant", "content": "Paris is nice",
                                             "tool_calls": None}}]
     assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-    assert body["prefill_time"] == 250.0 and body["decode_time_arr"] == [50.0]
+    # two tokens in one output share the 50 ms since the previous one: one time per token
+    assert body["prefill_time"] == 250.0 and body["decode_time_arr"] == [25.0, 25.0]
 
 
 def test_finish_reasons():

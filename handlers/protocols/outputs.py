@@ -75,13 +75,13 @@ class Folded:
     sequences: dict[int, FoldedSequence] = field(default_factory=dict)
     prompt_token_count: int = 0
     prompt_logprobs: list[Token] | None = None
-    arrivals: list[float] = field(default_factory=list)  # time.monotonic() per output
+    token_times: list[float] = field(default_factory=list)  # time.monotonic() per token
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finished: bool = False
 
     def add(self, output: RequestOutput, now: float = 0.0) -> None:
-        self.arrivals.append(now)
+        self._time_tokens(output, now)
         self.prompt_token_count = output.prompt_token_count
         self.arrival_time = output.metrics.arrival_time
         self.first_token_time = output.metrics.first_token_time
@@ -90,6 +90,16 @@ class Folded:
         for seq in output.outputs:
             self.sequences.setdefault(seq.index, FoldedSequence(seq.index)).add(seq)
         self.finished = self.finished or output.finished
+
+    def _time_tokens(self, output: RequestOutput, now: float) -> None:
+        """One time per generated token. An engine may deliver several tokens in one output
+        (vLLM coalesces steps when its consumer falls behind): they share the interval since the
+        previous output evenly, so per-token timings count every token."""
+        count = max((len(s.tokens) for s in output.outputs), default=0)
+        if not count:
+            return
+        last = self.token_times[-1] if self.token_times else now
+        self.token_times.extend(last + (now - last) * (i + 1) / count for i in range(count))
 
     def failure(self) -> Failure | None:
         """Why the request as a whole failed, if it did."""

@@ -70,8 +70,9 @@ def completion_tokens(choices: list[FoldedSequence]) -> int:
 
 
 def timings_ms(col: Folded) -> tuple[float, list[float]]:
-    """MindIE's `prefill_time` (to the first token) and `decode_time_arr` (per later step)."""
-    first = col.first_token_time or (col.arrivals[0] if col.arrivals else 0.0)
+    """MindIE's `prefill_time` (to the first token) and `decode_time_arr` (per later token)."""
+    first = col.first_token_time or (col.token_times[0] if col.token_times else 0.0)
     prefill = max(first - col.arrival_time, 0.0) * 1000
-    steps = [(b - a) * 1000 for a, b in zip(col.arrivals, col.arrivals[1:], strict=False)]
+    times = col.token_times
+    steps = [(b - a) * 1000 for a, b in zip(times, times[1:], strict=False)]
     return round(prefill, 3), [round(s, 3) for s in steps]
