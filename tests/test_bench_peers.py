@@ -24,17 +24,30 @@ def level(peer: str, label: str, tok_s: float) -> dict:
             "ttft_p50_s": 0.1, "ttft_p99_s": 0.2, "tpot_p50_s": 0.01, "tpot_p99_s": 0.02}
 
 
-def test_ratios_are_against_each_peers_reference_at_the_same_level():
+def run(levels: list[dict], skipped: dict | None = None) -> dict:
     bounds = dict.fromkeys(["read_gb_s", "fp32_gflop_s", "bf16_gflop_s",
                             "one_stream_fp32_tok_s", "one_stream_bf16_tok_s",
                             "batch_fp32_tok_s", "batch_bf16_tok_s"], 1.0)
-    doc = {"levels": [level("vllm-server", "1", 50), level("vllm-server", "16", 400),
-                      level("torch", "1", 65), level("torch", "16", 600),
-                      level("llamacpp-direct", "1", 90), level("llamacpp", "16", 180)],
-           "machine": {"cpu": "x", "flags": [], "threads": 2, "bounds": bounds},
-           "skipped": {"vllm": "no .venv-vllm"}}
-    ratios = {(row[0], row[2]): row[4] for row in rows(doc)}
+    return {"levels": levels, "machine": {"cpu": "x", "flags": [], "threads": 2,
+                                          "bounds": bounds}, "skipped": skipped or {}}
+
+
+def test_ratios_are_against_each_peers_reference_at_the_same_level():
+    doc = run([level("vllm-server", "1", 50), level("vllm-server", "16", 400),
+               level("torch", "1", 65), level("torch", "16", 600),
+               level("llamacpp-direct", "1", 90), level("llamacpp", "16", 180)],
+              {"vllm": "no .venv-vllm"})
+    ratios = {(row[0], row[2]): row[5] for row in rows(doc)}
     assert ratios[("torch", "1")] == "1.30x" and ratios[("torch", "16")] == "1.50x"
     # llama.cpp serves one request at a time: its one-stream rate is the reference everywhere.
     assert ratios[("llamacpp", "16")] == "2.00x" and ratios[("vllm-server", "1")] == "-"
     assert "skipped vllm: no .venv-vllm" in format_table(doc)
+
+
+def test_rounds_are_reported_by_their_median():
+    doc = run([level("vllm-server", "1", 50), level("vllm", "1", 40),
+               level("vllm-server", "1", 60), level("vllm", "1", 58),
+               level("vllm-server", "1", 100), level("vllm", "1", 57)])
+    table = {row[0]: row for row in rows(doc)}
+    assert table["vllm-server"][3:6] == ("3", "60.0", "-")
+    assert table["vllm"][3:6] == ("3", "57.0", "0.95x")
