@@ -112,6 +112,26 @@ async def test_greedy_equals_llama_cpp_when_batched(engine, reference):
         assert seq["ids"] == reference(chat(question), 24)
 
 
+SYSTEM = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+          "Face. Answer clearly and briefly.<|im_end|>\n")
+
+
+async def test_prompts_sharing_a_system_prompt_reuse_its_cells(engine, reference):
+    """The second prompt starts from the first one's kept prefix (a spare llama.cpp sequence)
+    and still answers as `Llama` does from scratch."""
+    first, second = (SYSTEM + chat(q) for q in QUESTIONS[:2])
+    ids = [engine.tokenizer.encode(p) for p in (first, second)]
+    shared = next(i for i, (a, b) in enumerate(zip(*ids, strict=False)) if a != b)
+    assert shared >= 16
+    before = engine.stats()["prefix_cache_hits"]
+    for prompt in (first, second):
+        [seq] = await run(engine, prompt, max_new_tokens=16, ignore_eos=True)
+        assert seq["ids"] == reference(prompt, 16)
+    assert engine.stats()["prefix_cache_hits"] - before == shared // 16 * 16
+    memory = engine.batcher.runner.cache  # the spare sequences after the 8 slots keep prompts
+    assert any(memory.positions(seq) == (0, 31) for seq in range(8, 16))
+
+
 async def test_one_decode_call_per_step_over_all_sequences(engine, monkeypatch):
     runner = engine.batcher.runner
     sizes: list[int] = []

@@ -276,6 +276,13 @@ async def test_token_counters_equal_the_usage_the_responses_report_on_the_torch_
     assert value(samples, "vllm:generation_tokens_total", **vllm) == generated
     assert value(samples, "vllm:request_generation_tokens_sum", **vllm) == generated
     assert value(samples, "vllm:e2e_request_latency_seconds_count", **vllm) == 3
+    # Every prompt was looked up in the prefix cache; the second chat found the whole blocks
+    # its chat-template opening shares with the first.
+    assert value(samples, "lmi_prefix_cache_queries_total", **model) == prompt
+    assert value(samples, "vllm:prefix_cache_queries_total", **vllm) == prompt
+    hits = value(samples, "lmi_prefix_cache_hits_total", **model)
+    assert hits >= 16 and hits % 16 == 0
+    assert value(samples, "vllm:prefix_cache_hits_total", **vllm) == hits
     # Every slot is free again, out of the batch size's.
     assert value(samples, "lmi_kv_cache_slots", **model) == 4
     assert value(samples, "lmi_kv_cache_slots_in_use", **model) == 0

@@ -72,8 +72,6 @@ def passes_checks(model_dir: Path, *options: str) -> bool:
                                           "not supported by the torch engine"),
     ("option.gpu_memory_utilization=0.5", "option.gpu_memory_utilization=0.5 (command line) is "
                                           "not supported by the torch engine"),
-    ("option.enable_prefix_caching=true", "option.enable_prefix_caching=True (command line) is "
-                                          "not supported by the torch engine"),
     ("option.disable_sliding_window=true", "option.disable_sliding_window=True"),
     ("option.cpu_offload_gb_per_gpu=4", "option.cpu_offload_gb_per_gpu=4.0"),
     ("option.load_format=pt", "option.load_format=pt"),
@@ -142,6 +140,7 @@ def test_a_chat_template_that_is_neither_a_file_nor_jinja_stops_startup(tmp_path
     ("option.pipeline_parallel_degree=1", "option.gpu_memory_utilization=0.9"),
     ("option.enforce_eager=true",),  # the torch engine always runs eagerly
     ("option.enforce_eager=false", "option.enable_prefix_caching=false"),
+    ("option.enable_prefix_caching=true",),  # the torch engine keeps prompts' prefixes
     ("engine=Python", "option.entryPoint=handlers.djl", "option.load_format=auto"),
     ("option.rolling_batch=disable", "max_batch_delay=20", "option.enable_streaming=true"),
     ("option.enable_chunked_prefill=false", "option.predict_timeout=30"),

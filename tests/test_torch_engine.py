@@ -41,7 +41,8 @@ def loaded(tmp_path_factory):
 async def engine(loaded, request):
     options = getattr(request, "param", {})
     eng = TorchEngine(loaded, max_batch_size=options.get("max_batch_size", 8),
-                      max_prefill_tokens=options.get("max_prefill_tokens", 512))
+                      max_prefill_tokens=options.get("max_prefill_tokens", 512),
+                      prefix_cache_bytes=options.get("prefix_cache_bytes", 0))
     await eng.start()
     yield eng
     await eng.shutdown()
@@ -70,6 +71,26 @@ async def test_chunked_prefill_matches_generate(engine, loaded):
                                      for p in PROMPTS))
     for prompt, [seq] in zip(PROMPTS, results, strict=True):
         assert seq["ids"] == hf_greedy(loaded, prompt, 16)
+
+
+SYSTEM = " ".join(PROMPTS[:3]) * 2  # a shared "system prompt" of several 16-token blocks
+
+
+@pytest.mark.parametrize("engine", [{"prefix_cache_bytes": 64 << 20, "max_prefill_tokens": 20}],
+                         indirect=True)
+async def test_prompts_sharing_a_prefix_prefill_only_what_is_new(engine, loaded):
+    """A prompt that begins as an earlier one did starts from its cached keys/values, and
+    answers exactly as Hugging Face generate() does from scratch."""
+    shared = len(loaded.tokenizer.encode(SYSTEM, add_special_tokens=False))
+    for prompt in (SYSTEM + " Question one?", SYSTEM + " And a second one.", SYSTEM):
+        [seq] = await run(engine, prompt, max_new_tokens=12, ignore_eos=True)
+        assert seq["ids"] == hf_greedy(loaded, prompt, 12)
+    stats = engine.stats()
+    # the second found the first's whole blocks of SYSTEM; the third, all of it but the end
+    assert stats["prefix_cache_hits"] >= 2 * (shared // 16 - 1) * 16
+    assert stats["prefix_cache_queries"] == stats["prompt_tokens"]
+    await run(engine, SYSTEM, max_new_tokens=1, prompt_logprobs=True)
+    assert engine.stats()["prefix_cache_hits"] == stats["prefix_cache_hits"]  # none reused
 
 
 async def test_requests_join_mid_flight(engine, loaded):

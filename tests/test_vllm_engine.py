@@ -84,6 +84,25 @@ def test_a_stop_sequence_ends_the_text_before_it(url):
     assert "," not in answer["generated_text"]
 
 
+def prefix_counts(url: str) -> tuple[float, float]:
+    """/metrics' prompt tokens looked up in vLLM's prefix cache, and found there."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {s.name: s.value for family in text_string_to_metric_families(
+        httpx.get(f"{url}/metrics").text) for s in family.samples}
+    return samples["lmi_prefix_cache_queries_total"], samples["lmi_prefix_cache_hits_total"]
+
+
+def test_a_repeated_prompt_is_found_in_vllms_prefix_cache(url):
+    prompt = "Deep learning stacks many layers of simple functions. " * 30
+    queried, found = prefix_counts(url)
+    first, again = (lmi(url, prompt, max_new_tokens=2, details=True).json() for _ in range(2))
+    assert again["generated_text"] == first["generated_text"]
+    now_queried, now_found = prefix_counts(url)
+    assert now_queried - queried >= 2 * 256  # both prompts, ~270 tokens each
+    assert now_found - found >= 128  # the second found the first's whole blocks
+
+
 def test_what_vllm_cannot_do_fails_that_request_alone(url):
     refused = lmi(url, "Hello", do_sample=True, typical_p=0.5)
     assert refused.status_code == 424

@@ -97,7 +97,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.gpu_memory_utilization", "gpu_memory_utilization", values.fraction, 0.9,
             engine=True),
     Setting("option.enforce_eager", "enforce_eager", values.boolean, False, engine=True),
-    Setting("option.enable_prefix_caching", "enable_prefix_caching", values.boolean, False,
+    # None: the engine's own default (vLLM caches prefixes unless told not to).
+    Setting("option.enable_prefix_caching", "enable_prefix_caching", values.boolean, None,
             engine=True),
     Setting("option.disable_sliding_window", "disable_sliding_window", values.boolean, False,
             engine=True),

@@ -92,7 +92,7 @@ class Config:
     trust_remote_code: bool
     gpu_memory_utilization: float
     enforce_eager: bool
-    enable_prefix_caching: bool
+    enable_prefix_caching: bool | None
     disable_sliding_window: bool
     cpu_offload_gb_per_gpu: float
     load_format: str

@@ -41,7 +41,8 @@ _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_deg
 ENGINES = {
     # The torch engine runs eagerly, always: option.enforce_eager=true is what it does.
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
-                         _ROLLING | _HF | _SUPERVISED | {"option.enforce_eager"}),
+                         _ROLLING | _HF | _SUPERVISED | {"option.enforce_eager",
+                                                         "option.enable_prefix_caching"}),
     # Health turns false past option.engine_stall_timeout; vLLM's engine core is its own
     # process, not a loop of ours to restart. LoRA adapters are vLLM's own.
     "vllm": EngineEntry("vllm", "handlers.engine.vllm.build",
@@ -49,7 +50,8 @@ ENGINES = {
                                                  "option.lora_modules"}),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
     "llamacpp": EngineEntry("llamacpp", "handlers.engine.llamacpp.build",
-                            _ROLLING | _SUPERVISED | {"option.device"}),
+                            _ROLLING | _SUPERVISED | {"option.device",
+                                                      "option.enable_prefix_caching"}),
 }
 # option.rolling_batch -> engine; `disable` runs LMI's dynamic batching over the default one;
 # `auto` is decided by auto_engine().
@@ -124,7 +126,10 @@ def build(config: Config) -> EngineBuild:
 
 def _departs(config: Config, setting: Setting) -> bool:
     """Whether the setting asks for other than the default (SageMaker sets the parallel degree
-    to its GPU count: `max`, or the count, on one device or none means the default)."""
+    to its GPU count: `max`, or the count, on one device or none means the default; an engine
+    without a prefix cache does what option.enable_prefix_caching=false asks)."""
+    if setting.field == "enable_prefix_caching":
+        return bool(config.enable_prefix_caching)
     if setting.field == "tensor_parallel_degree":
         return config.tensor_parallel_degree not in (1, "max") or (
             config.tensor_parallel_degree == "max" and _gpu_count() > 1)

@@ -256,6 +256,8 @@ class EngineCollector(Collector):
                              stats.get(key, 0))
         if "kv_cache_slots_total" in stats:  # an engine with a KV cache of batch slots
             yield from self._kv_cache(stats)
+        if "prefix_cache_queries" in stats:  # an engine caching prompt prefixes
+            yield from self._prefix_cache(stats)
         if "dynamic_batches" in stats:  # option.rolling_batch=disable
             yield self._dynamic_batch_size(stats)
 
@@ -278,6 +280,16 @@ class EngineCollector(Collector):
                                            "Share of the KV-cache batch slots in use (0 to 1)",
                                            labels=["model_name", "engine"]),
                          used / total if total else 0.0)
+
+    def _prefix_cache(self, stats: dict[str, int]) -> Iterator[Metric]:
+        """Prompt tokens looked up and found, in LMI's names and vLLM's (hit rate: their ratio)."""
+        for key, doc in (("queries", "Prompt tokens looked up in the prefix cache"),
+                         ("hits", "Prompt tokens found in the prefix cache (not prefilled)")):
+            value = stats[f"prefix_cache_{key}"]
+            yield self._one(CounterMetricFamily(f"lmi_prefix_cache_{key}", doc,
+                                                labels=["model"]), value)
+            yield self._vllm(CounterMetricFamily(f"vllm:prefix_cache_{key}", doc,
+                                                 labels=["model_name", "engine"]), value)
 
     def _dynamic_batch_size(self, stats: dict[str, int]) -> Metric:
         # _count: batches run; _sum: HTTP requests they served.

@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 # The KV pool is allocated (and zeroed) up front: every slot at full length, or this much.
 KV_POOL_BYTES = 1 << 30
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+# Prompt prefixes kept for reuse (option.enable_prefix_caching, on unless set false): in spare
+# sequences of the pool, holding at most this share of its cells.
+PREFIX_PLACES = 8
+PREFIX_POOL_SHARE = 8  # 1/8
 
 
 def build(config: Config) -> EngineBuild:
@@ -38,12 +42,17 @@ def build(config: Config) -> EngineBuild:
              "up to %d tokens per pass", slots, pool, pool * model.kv_bytes_per_token >> 20,
              max(prefill, slots))
 
-    def new_runner() -> LlamaCppRunner:
-        return LlamaCppRunner(model, slots, max(prefill, slots), pool)
+    places = 0 if config.enable_prefix_caching is False else min(PREFIX_PLACES,
+                                                                 MAX_SEQUENCES - slots)
 
+    def new_runner() -> LlamaCppRunner:
+        return LlamaCppRunner(model, slots, max(prefill, slots), pool, places)
+
+    prefix_bytes = pool * model.kv_bytes_per_token // PREFIX_POOL_SHARE if places else 0
     engine = TorchEngine(model, max_batch_size=slots, max_prefill_tokens=prefill,
                          chat_template=chat_template_text(config),
-                         stall_timeout=config.engine_stall_timeout or None, new_runner=new_runner)
+                         stall_timeout=config.engine_stall_timeout or None, new_runner=new_runner,
+                         prefix_cache_bytes=prefix_bytes)
     return EngineBuild(engine, main_loop=engine, steppable=engine)
 
 

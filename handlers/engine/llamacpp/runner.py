@@ -27,8 +27,9 @@ _DECODE_ERRORS = {1: "the KV cache pool is full", 2: "aborted", -1: "invalid bat
 class KVMemory:
     """The context's KV memory, by sequence (= slot)."""
 
-    def __init__(self, ctx: ctypes.c_void_p) -> None:
+    def __init__(self, ctx: ctypes.c_void_p, slots: int) -> None:
         self._mem = llama_cpp.llama_get_memory(ctx)
+        self._slots = slots  # sequences 0..slots-1 are the batch's; those above, kept prefixes
 
     def remove(self, seq: int, start: int = -1) -> None:
         """Drop the sequence's positions from `start` on (all of them by default)."""
@@ -43,9 +44,10 @@ class KVMemory:
                 llama_cpp.llama_memory_seq_pos_max(self._mem, seq))
 
     def shrink(self) -> None:
-        """Called when no sequence holds a slot: every cell is free again (the pool itself is
-        allocated once, with the context)."""
-        llama_cpp.llama_memory_clear(self._mem, False)
+        """Called when no sequence holds a slot: every batch cell is free again (the pool itself
+        is allocated once, with the context); kept prefixes stay."""
+        for seq in range(self._slots):
+            self.remove(seq)
 
 
 class _Batch:
@@ -70,16 +72,20 @@ class _Batch:
 
 class LlamaCppRunner:
     def __init__(self, model: LlamaCppModel, num_slots: int, max_batch_tokens: int,
-                 pool_tokens: int) -> None:
+                 pool_tokens: int, prefix_places: int = 0) -> None:
         """`max_batch_tokens`: the most tokens one pass runs (a prefill step's budget, or a
-        decode pass's rows); `pool_tokens`: the KV cells all sequences share."""
+        decode pass's rows); `pool_tokens`: the KV cells all sequences share; `prefix_places`:
+        sequences beyond the slots that keep prompt prefixes (prefix_cache.py)."""
         self.vocab_size = model.vocab_size
         self.device = model.device
         self.num_slots = num_slots
+        self.kv_bytes_per_token = model.kv_bytes_per_token
+        self.prefix_places = prefix_places
+        self._spare = list(range(num_slots, num_slots + prefix_places))
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = pool_tokens
         params.n_batch = params.n_ubatch = max_batch_tokens
-        params.n_seq_max = num_slots
+        params.n_seq_max = num_slots + prefix_places
         params.kv_unified = True
         params.n_threads = params.n_threads_batch = len(os.sched_getaffinity(0))
         params.no_perf = True
@@ -88,7 +94,7 @@ class LlamaCppRunner:
             raise RuntimeError(f"llama.cpp could not make a context of {pool_tokens} tokens "
                                f"for {num_slots} sequences")
         weakref.finalize(self, llama_cpp.llama_free, self._ctx)  # a reset engine drops it
-        self.cache = KVMemory(self._ctx)
+        self.cache = KVMemory(self._ctx, num_slots)
         self._batch = _Batch(max_batch_tokens)
 
     def decode(self, token_ids: list[int], lengths: list[int], first_slot: int = 0) -> torch.Tensor:
@@ -125,6 +131,20 @@ class LlamaCppRunner:
         self.cache.remove(dst)
         if length:
             self.cache.copy(src, dst, length)
+
+    def save_prefix(self, slot: int, length: int) -> int:
+        """Keep the slot's first `length` positions in a spare sequence (cells are shared, not
+        copied: they outlive the slot's sequence)."""
+        seq = self._spare.pop()
+        self.cache.copy(slot, seq, length)
+        return seq
+
+    def load_prefix(self, saved: int, slot: int, length: int) -> None:
+        self.move(saved, slot, length)
+
+    def drop_prefix(self, saved: int) -> None:
+        self.cache.remove(saved)
+        self._spare.append(saved)
 
     def release(self, slot: int) -> None:
         """The slot's sequence ended: its cells go back to the pool now."""

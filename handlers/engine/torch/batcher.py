@@ -1,11 +1,12 @@
 """Continuous batching: the synchronous `step()` at the heart of the torch engine.
 
-Each step admits waiting requests while cache slots are free, runs one prefill chunk for requests
-still reading their prompt (bounded by `max_prefill_tokens`, so running sequences never stall for
-long), runs one decode pass over every running sequence, samples each row with its own settings
-and emits one output per request that moved. A finished or aborted sequence frees its slot at
-once. Running sequences always sit in slots 0..B-1 (the decode pass reads a view of the cache);
-a sequence that finishes hands its slot to the last one.
+Each step admits waiting requests while cache slots are free (a prompt that begins as a recent
+one did starts from that one's keys/values: prefix_cache.py), runs one prefill chunk for
+requests still reading their prompt (bounded by `max_prefill_tokens`, so running sequences never
+stall for long), runs one decode pass over every running sequence, samples each row with its
+own settings and emits one output per request that moved. A finished or aborted sequence frees
+its slot at once. Running sequences always sit in slots 0..B-1 (the decode pass reads a view of
+the cache); a sequence that finishes hands its slot to the last one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
 from handlers.engine.torch import sampling
 from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
+from handlers.engine.torch.prefix_cache import PrefixCache
 from handlers.engine.torch.sequence import RequestState, Sequence, make_token
 from handlers.engine.torch.structured import Grammars, mask_logits
 from handlers.engine.types import (
@@ -45,6 +47,7 @@ class ContinuousBatcher:
         max_prefill_tokens: int,
         max_model_len: int,
         counters: dict[str, int] | None = None,  # carried over from a batcher this replaces
+        prefix_cache_bytes: int = 0,  # keys/values of recent prompts kept for reuse; 0: none
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -62,6 +65,9 @@ class ContinuousBatcher:
         self._unstarted_failures: list[RequestOutput] = []
         self.counters = counters or {"prompt_tokens": 0, "generated_tokens": 0,
                                      "finished_requests": 0}
+        self.prefix = (PrefixCache(runner, prefix_cache_bytes // runner.kv_bytes_per_token,
+                                   self.counters, runner.prefix_places)
+                       if prefix_cache_bytes else None)
 
     # -- public surface -------------------------------------------------------------------------
 
@@ -152,6 +158,8 @@ class ContinuousBatcher:
             first = state.sequences[0]
             first.slot = self._free_slot()
             self._owner[first.slot] = first
+            if self.prefix is not None and state.prompt_logprobs is None:
+                first.cached = self.prefix.restore(state.prompt_ids, first.slot)
             self.prefilling.append(state)
             self.states[request.request_id] = state
 
@@ -236,6 +244,8 @@ class ContinuousBatcher:
             self._record_prompt_logprobs(state, chunk, logits)
         if first.cached < len(state.prompt_ids):
             return
+        if self.prefix is not None:
+            self.prefix.keep(state.prompt_ids, first.slot)
         self.prefilling.remove(state)
         self._start_decoding(state, logits[-1:])
         touched[state.request_id] = state

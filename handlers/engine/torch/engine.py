@@ -71,7 +71,8 @@ class TorchEngine:
     def __init__(self, loaded: LoadedModel, max_batch_size: int = 32,
                  max_prefill_tokens: int = 512, chat_template: str | None = None,
                  stall_timeout: float | None = None,
-                 new_runner: Callable[[], ModelRunner] | None = None) -> None:
+                 new_runner: Callable[[], ModelRunner] | None = None,
+                 prefix_cache_bytes: int = 0) -> None:
         self.model_name = loaded.name
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
@@ -79,7 +80,7 @@ class TorchEngine:
         self.max_model_len = loaded.max_model_len
         self.adapters: tuple[str, ...] = ()  # LoRA adapters are the vllm engine's
         self._loaded = loaded
-        self._limits = (max_batch_size, max_prefill_tokens)
+        self._limits = (max_batch_size, max_prefill_tokens, prefix_cache_bytes)
         self._new_runner = new_runner or (
             lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len))
         self.batcher = self._new_batcher()
@@ -94,10 +95,10 @@ class TorchEngine:
         self._stopping = False
 
     def _new_batcher(self, counters: dict[str, int] | None = None) -> ContinuousBatcher:
-        loaded, (max_batch_size, max_prefill_tokens) = self._loaded, self._limits
+        loaded, (max_batch_size, max_prefill_tokens, prefix_bytes) = self._loaded, self._limits
         return ContinuousBatcher(self._new_runner(), loaded.tokenizer, loaded.eos_token_ids,
                                  max_batch_size, max_prefill_tokens, loaded.max_model_len,
-                                 counters)
+                                 counters, prefix_bytes)
 
     # -- the Engine interface -------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+SavedPrefix = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, T, D]
+
 
 class SlotKVCache:
     def __init__(
@@ -77,6 +79,25 @@ class SlotKVCache:
         k_buf[rows, :, positions] = key.transpose(1, 2).to(k_buf.dtype)
         v_buf[rows, :, positions] = value.transpose(1, 2).to(v_buf.dtype)
         return k_buf[self._rows, :, : self._read_len], v_buf[self._rows, :, : self._read_len]
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Keys and values of one position, every layer."""
+        k = self.keys[0]
+        return 2 * len(self.keys) * k.shape[1] * k.shape[3] * k.element_size()
+
+    def save(self, slot: int, length: int) -> SavedPrefix:
+        """A copy of the slot's first `length` positions, per layer (kept apart from the slot
+        buffers, so it outlives their shrinking and their next user)."""
+        return [(k[slot, :, :length].clone(), v[slot, :, :length].clone())
+                for k, v in zip(self.keys, self.values, strict=True)]
+
+    def load(self, saved: SavedPrefix, slot: int, length: int) -> None:
+        """Write the first `length` positions of a `save()`d copy into `slot`."""
+        self.reserve(length)
+        for (k, v), k_buf, v_buf in zip(saved, self.keys, self.values, strict=True):
+            k_buf[slot, :, :length] = k[:, :length]
+            v_buf[slot, :, :length] = v[:, :length]
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first `length` positions of one slot into another (compaction, forking)."""

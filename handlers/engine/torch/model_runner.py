@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from handlers.engine.torch.attention import use_float32_kv
 from handlers.engine.torch.fused_projections import fuse_projections
-from handlers.engine.torch.kv_cache import SlotKVCache
+from handlers.engine.torch.kv_cache import SavedPrefix, SlotKVCache
 from handlers.engine.torch.onednn_linear import use_onednn_linears
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,21 @@ class ModelRunner:
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
+
+    prefix_places = None  # kept prefixes are copies of their own: as many as the budget holds
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.cache.bytes_per_token
+
+    def save_prefix(self, slot: int, length: int) -> SavedPrefix:
+        return self.cache.save(slot, length)
+
+    def load_prefix(self, saved: SavedPrefix, slot: int, length: int) -> None:
+        self.cache.load(saved, slot, length)
+
+    def drop_prefix(self, saved: SavedPrefix) -> None:
+        """A saved copy is memory of its own: dropping the last reference frees it."""
 
     def release(self, slot: int) -> None:
         """The slot's sequence ended; its next user overwrites what it cached."""

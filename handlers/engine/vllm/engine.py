@@ -59,6 +59,8 @@ class VllmEngine:
         self._running: dict[str, bool] = {}  # request id -> whether it produced output yet
         self._progress = time.monotonic()  # when vLLM last produced an output
         self._counters = {"prompt_tokens": 0, "generated_tokens": 0, "finished_requests": 0}
+        if llm.vllm_config.cache_config.enable_prefix_caching:  # counted from its outputs
+            self._counters |= {"prefix_cache_queries": 0, "prefix_cache_hits": 0}
         self._started = False
 
     # -- the Engine interface -------------------------------------------------------------------
@@ -104,6 +106,8 @@ class VllmEngine:
         try:
             async for out in stream:
                 self._progress = time.monotonic()
+                if not self._running[rid]:
+                    self._count_prefix(out)
                 self._running[rid] = True
                 self._counters["generated_tokens"] += sum(len(s.token_ids) for s in out.outputs)
                 yield mapper.map(out, len(self._running))
@@ -113,6 +117,12 @@ class VllmEngine:
             self._running.pop(rid, None)
             self._counters["finished_requests"] += 1
             await stream.aclose()  # vLLM aborts a request whose stream closes unfinished
+
+    def _count_prefix(self, first: Any) -> None:
+        """A request's first output says how many of its prompt tokens vLLM found cached."""
+        if "prefix_cache_hits" in self._counters:
+            self._counters["prefix_cache_queries"] += len(first.prompt_token_ids or ())
+            self._counters["prefix_cache_hits"] += first.num_cached_tokens or 0
 
     async def abort(self, request_id: str) -> None:
         await self.llm.abort(request_id)

@@ -1,0 +1,118 @@
+"""Prefix caching: the keys and values of recent prompts, kept after their requests end, so a
+prompt that starts the same way (a system prompt, a chat's earlier turns) prefills only what is
+new.
+
+Prefixes are kept and matched in whole blocks of BLOCK tokens. Each kept prompt is indexed by
+the chained hash of every one of its block prefixes, so a lookup walks the new prompt block by
+block (vLLM's scheme) and a match is confirmed token by token. The runner holds the saved
+keys/values (`save_prefix` / `load_prefix`); this class decides what to keep within a budget
+of tokens, least recently used first out, and counts queried and reused prompt tokens (the hit
+rate's two halves, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+BLOCK = 16  # tokens per block: the unit prefixes are matched, kept and reused in
+
+
+class PrefixStore(Protocol):
+    """The runner: copies a slot's first positions aside, back into a slot, and lets go."""
+
+    def save_prefix(self, slot: int, length: int) -> Any: ...
+
+    def load_prefix(self, saved: Any, slot: int, length: int) -> None: ...
+
+    def drop_prefix(self, saved: Any) -> None: ...
+
+
+@dataclass(eq=False)
+class _Entry:
+    tokens: tuple[int, ...]  # a whole number of blocks
+    saved: Any  # the runner's copy of their keys/values
+    used: int  # when last kept or reused (a logical clock)
+
+
+class PrefixCache:
+    def __init__(self, store: PrefixStore, max_tokens: int, counters: dict[str, int],
+                 max_entries: int | None = None) -> None:
+        self.store = store
+        self.max_tokens = max_tokens
+        self.max_entries = max_entries  # a store with a fixed number of places (llama.cpp's)
+        self.counters = counters  # prefix_cache_queries / prefix_cache_hits, in tokens
+        counters.setdefault("prefix_cache_queries", 0)
+        counters.setdefault("prefix_cache_hits", 0)
+        self._by_hash: dict[int, list[_Entry]] = {}  # block-prefix hash -> entries holding it
+        self._entries: list[_Entry] = []
+        self.kept_tokens = 0  # in all entries, at most max_tokens
+        self._clock = itertools.count()
+
+    def restore(self, prompt: Sequence[int], slot: int) -> int:
+        """Load the longest kept prefix of `prompt` into `slot`, leaving at least one token to
+        prefill (its logits start the answer). Returns how many tokens it loaded."""
+        entry, length = self._match(prompt, limit=len(prompt) - 1)
+        self.counters["prefix_cache_queries"] += len(prompt)
+        if entry is None:
+            return 0
+        self.store.load_prefix(entry.saved, slot, length)
+        entry.used = next(self._clock)
+        self.counters["prefix_cache_hits"] += length
+        return length
+
+    def keep(self, prompt: Sequence[int], slot: int) -> None:
+        """`slot` holds `prompt`'s keys/values: keep its whole blocks, unless kept already. A
+        kept prefix this one extends gives its place up (the new one serves it too)."""
+        length = len(prompt) // BLOCK * BLOCK
+        if not length or length > self.max_tokens:
+            return
+        entry, matched = self._match(prompt, limit=length)
+        if entry is not None and matched == length:
+            entry.used = next(self._clock)
+            return
+        if entry is not None and len(entry.tokens) == matched:
+            self._drop(entry)
+        while self.kept_tokens + length > self.max_tokens or (
+                self.max_entries is not None and len(self._entries) >= self.max_entries):
+            self._drop(min(self._entries, key=lambda e: e.used))
+        entry = _Entry(tuple(prompt[:length]), self.store.save_prefix(slot, length),
+                       next(self._clock))
+        self._entries.append(entry)
+        self.kept_tokens += length
+        for key in _block_hashes(entry.tokens, length):
+            self._by_hash.setdefault(key, []).append(entry)
+
+    def _match(self, prompt: Sequence[int], limit: int) -> tuple[_Entry | None, int]:
+        """The most recent entry sharing the most whole blocks (at most `limit` tokens) with
+        `prompt`, and how many tokens that is."""
+        found, length = None, 0
+        for blocks, key in enumerate(_block_hashes(prompt, limit), start=1):
+            holders = self._by_hash.get(key)
+            if not holders:
+                break
+            found, length = holders[-1], blocks * BLOCK
+        # A hash is not the tokens: confirm, shortening to what truly matches (collisions only).
+        while found is not None and length and found.tokens[:length] != tuple(prompt[:length]):
+            length -= BLOCK
+        return (found, length) if found is not None and length else (None, 0)
+
+    def _drop(self, entry: _Entry) -> None:
+        self.store.drop_prefix(entry.saved)
+        self._entries.remove(entry)
+        self.kept_tokens -= len(entry.tokens)
+        for key in _block_hashes(entry.tokens, len(entry.tokens)):
+            holders = self._by_hash[key]
+            holders.remove(entry)
+            if not holders:
+                del self._by_hash[key]
+
+
+def _block_hashes(tokens: Sequence[int], limit: int) -> Iterator[int]:
+    """The chained hash of each whole block prefix of tokens[:limit]."""
+    key = 0
+    for start in range(0, limit - BLOCK + 1, BLOCK):
+        key = hash((key, *tokens[start : start + BLOCK]))
+        yield key

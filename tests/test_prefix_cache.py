@@ -1,0 +1,83 @@
+"""The prefix cache's bookkeeping over a real slot KV cache: what it keeps, what a new prompt
+reuses, what gives way when the budget is spent, and the hit counts."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from handlers.engine.torch.kv_cache import SlotKVCache
+from handlers.engine.torch.prefix_cache import BLOCK, PrefixCache
+
+
+def setup(max_tokens: int = 1024) -> tuple[SlotKVCache, PrefixCache, dict[str, int]]:
+    cache = SlotKVCache(num_layers=2, num_slots=4, num_kv_heads=2, head_dim=4,
+                        dtype=torch.float32, device=torch.device("cpu"), initial_len=64)
+    store = SimpleNamespace(save_prefix=cache.save, load_prefix=cache.load,
+                            drop_prefix=lambda saved: None)
+    counters: dict[str, int] = {}
+    return cache, PrefixCache(store, max_tokens, counters), counters
+
+
+def fill(cache: SlotKVCache, slot: int, length: int, seed: int) -> None:
+    """Give the slot's first `length` positions distinct values, as a prefill would."""
+    cache.reserve(length)
+    gen = torch.Generator().manual_seed(seed)
+    for buf in (*cache.keys, *cache.values):
+        buf[slot, :, :length] = torch.randn(buf[slot, :, :length].shape, generator=gen)
+
+
+def test_a_prompt_reuses_the_whole_blocks_it_shares_and_they_hold_the_same_values():
+    cache, prefix, counters = setup()
+    first = list(range(100, 150))  # 3 whole blocks and 2 tokens
+    fill(cache, 0, len(first), seed=1)
+    prefix.keep(first, slot=0)
+    second = first[:40] + [7, 8, 9]  # shares 2 whole blocks and 8 tokens
+    assert prefix.restore(second, slot=2) == 2 * BLOCK
+    for buf in (*cache.keys, *cache.values):
+        assert torch.equal(buf[2, :, : 2 * BLOCK], buf[0, :, : 2 * BLOCK])
+    assert counters == {"prefix_cache_queries": len(second), "prefix_cache_hits": 2 * BLOCK}
+    assert prefix.restore([1, 2, 3] + first, slot=3) == 0  # a prefix, not a substring
+
+
+def test_a_kept_prompt_leaves_its_last_token_to_prefill():
+    cache, prefix, _ = setup()
+    prompt = list(range(2 * BLOCK))
+    fill(cache, 0, len(prompt), seed=2)
+    prefix.keep(prompt, slot=0)
+    assert prefix.restore(prompt, slot=1) == BLOCK  # its logits start the answer
+
+
+def test_a_longer_prompt_takes_the_place_of_the_prefix_it_extends():
+    cache, prefix, _ = setup()
+    turn1 = list(range(2 * BLOCK))
+    turn2 = turn1 + list(range(500, 500 + 2 * BLOCK))  # the chat went on
+    fill(cache, 0, len(turn2), seed=3)
+    prefix.keep(turn1, slot=0)
+    prefix.keep(turn2, slot=0)
+    assert prefix.kept_tokens == len(turn2)  # one entry, serving both
+    assert prefix.restore(turn1 + [1], slot=1) == len(turn1)
+    assert prefix.restore(turn2 + [1], slot=1) == len(turn2)
+
+
+def test_the_least_recently_used_prefix_gives_way_when_the_budget_is_spent():
+    cache, prefix, _ = setup(max_tokens=4 * BLOCK)
+    a, b, c = ([tag] * (2 * BLOCK) for tag in (1, 2, 3))
+    for slot, prompt in enumerate((a, b)):
+        fill(cache, slot, len(prompt), seed=slot)
+        prefix.keep(prompt, slot)
+    assert prefix.restore(a + [0], slot=3) == 2 * BLOCK  # a is now the most recently used
+    fill(cache, 2, len(c), seed=9)
+    prefix.keep(c, slot=2)
+    assert prefix.restore(b + [0], slot=3) == 0
+    assert prefix.restore(a + [0], slot=3) == prefix.restore(c + [0], slot=3) == 2 * BLOCK
+    assert prefix.kept_tokens <= 4 * BLOCK
+
+
+def test_a_prompt_longer_than_the_budget_is_not_kept():
+    cache, prefix, _ = setup(max_tokens=BLOCK)
+    prompt = list(range(3 * BLOCK))
+    fill(cache, 0, len(prompt), seed=4)
+    prefix.keep(prompt, slot=0)
+    assert prefix.restore(prompt, slot=1) == 0
