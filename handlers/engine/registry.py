@@ -126,10 +126,7 @@ def build(config: Config) -> EngineBuild:
 
 def _departs(config: Config, setting: Setting) -> bool:
     """Whether the setting asks for other than the default (SageMaker sets the parallel degree
-    to its GPU count: `max`, or the count, on one device or none means the default; an engine
-    without a prefix cache does what option.enable_prefix_caching=false asks)."""
-    if setting.field == "enable_prefix_caching":
-        return bool(config.enable_prefix_caching)
+    to its GPU count: `max`, or the count, on one device or none means the default)."""
     if setting.field == "tensor_parallel_degree":
         return config.tensor_parallel_degree not in (1, "max") or (
             config.tensor_parallel_degree == "max" and _gpu_count() > 1)

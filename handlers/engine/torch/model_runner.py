@@ -31,6 +31,8 @@ class PrefillChunk:
 
 
 class ModelRunner:
+    prefix_places = None  # kept prefixes are copies of their own: as many as the budget holds
+
     def __init__(self, model: PreTrainedModel, num_slots: int, max_len: int) -> None:
         self.model = model
         config = model.config.get_text_config()
@@ -130,8 +132,6 @@ class ModelRunner:
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
-
-    prefix_places = None  # kept prefixes are copies of their own: as many as the budget holds
 
     @property
     def kv_bytes_per_token(self) -> int:
