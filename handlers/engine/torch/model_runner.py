@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from handlers.engine.torch.attention import use_float32_kv
+from handlers.engine.torch.attention import use_slot_cache_attention
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.kv_cache import SavedPrefix, SlotKVCache
 from handlers.engine.torch.onednn_linear import use_onednn_linears
@@ -43,8 +43,8 @@ class ModelRunner:
         self.dtype = model.dtype
         # On the CPU a 16-bit model keeps its cache and attention in float32 (see attention.py).
         self.cache_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
-        if self.cache_dtype != self.dtype:
-            use_float32_kv(model)
+        if self.device.type == "cpu":
+            use_slot_cache_attention(model)
         self.vocab_size = model.get_output_embeddings().out_features
         log.info("%d projection groups fused", fuse_projections(model))  # before packing
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
