@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from handlers.engine.torch.attention import use_slot_cache_attention
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.kv_cache import SavedPrefix, SlotKVCache
+from handlers.engine.torch.llama_stack import LlamaStack
 from handlers.engine.torch.onednn_linear import use_onednn_linears
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ class ModelRunner:
             max_len=max_len,
         )
         self._decoder = model.get_decoder()
+        # After fusing (it calls the fused projections); CPU only: with a mask, CUDA's SDPA has
+        # no grouped-query kernel but the math one, slower than transformers' repeated heads.
+        self._stack = LlamaStack.of(model) if self.device.type == "cpu" else None
         self._lm_head = model.get_output_embeddings()
         self._neg_inf = torch.finfo(self.cache_dtype).min
         # With fewer rows than threads, torch splits a row's reductions (RMSNorm's mean) across
@@ -117,6 +121,8 @@ class ModelRunner:
         return logits
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        if self._stack is not None:
+            return self._stack.forward(ids, positions, mask, self.cache)
         out = self._decoder(
             input_ids=ids,
             position_ids=positions,

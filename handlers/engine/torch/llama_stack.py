@@ -1,0 +1,102 @@
+"""The forward pass of a Llama-architecture decoder over the slot KV cache, written as one loop
+over its layers' weights instead of calls through transformers' module tree.
+
+At a few rows a CPU decode step is mostly not arithmetic: SmolLM2's 30 layers through
+transformers' modules spent ~10 ms of a ~42 ms one-row step in Python between the ops (module
+calls, keyword plumbing, output capture). This loop runs the same ops in the same order on the
+same modules' weights (fused projections, oneDNN linears), so its results are bit-for-bit those
+of the model's own forward; architectures other than `LlamaForCausalLM` keep that forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.functional import rms_norm, scaled_dot_product_attention
+
+from handlers.engine.torch.fused_projections import ProjectionPart
+from handlers.engine.torch.kv_cache import SlotKVCache
+
+
+@dataclass
+class _Layer:
+    norm_in: nn.Module
+    qkv: nn.Module
+    q_heads: int
+    qk_heads: int  # query and key heads, the first of the fused projection's output
+    out: nn.Module
+    norm_post: nn.Module
+    gate_up: nn.Module
+    mlp_sizes: list[int]
+    down: nn.Module
+    act: nn.Module
+
+
+class LlamaStack:
+    def __init__(self, model: nn.Module) -> None:
+        decoder = model.model
+        self.embed = decoder.embed_tokens
+        self.rotary = decoder.rotary_emb
+        self.norm = decoder.norm
+        attention = decoder.layers[0].self_attn
+        self.head_dim, self.scaling = attention.head_dim, attention.scaling
+        self.layers = [_Layer(norm_in=layer.input_layernorm, qkv=layer.self_attn.q_proj.shared,
+                              q_heads=layer.self_attn.q_proj.shared.sizes[0] // self.head_dim,
+                              qk_heads=sum(layer.self_attn.q_proj.shared.sizes[:2])
+                              // self.head_dim,
+                              out=layer.self_attn.o_proj,
+                              norm_post=layer.post_attention_layernorm,
+                              gate_up=layer.mlp.gate_proj.shared,
+                              mlp_sizes=layer.mlp.gate_proj.shared.sizes,
+                              down=layer.mlp.down_proj, act=layer.mlp.act_fn)
+                       for layer in decoder.layers[: model.config.num_hidden_layers]]
+
+    @staticmethod
+    def of(model: nn.Module) -> LlamaStack | None:
+        """The stack for `model` when it is a Llama whose projections were fused, else None."""
+        if type(model).__name__ != "LlamaForCausalLM":
+            return None
+        layers = model.model.layers
+        fused = all(isinstance(layer.self_attn.q_proj, ProjectionPart)
+                    and isinstance(layer.mlp.gate_proj, ProjectionPart) for layer in layers)
+        return LlamaStack(model) if fused else None
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                cache: SlotKVCache) -> torch.Tensor:
+        """The final hidden states [B, T, hidden] of tokens `ids` [B, T] at `positions`."""
+        x = self.embed(ids)
+        cos, sin = self.rotary(x, position_ids=positions)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, T, 1, D]: one angle for every head
+        rows, width = ids.shape
+        for index, layer in enumerate(self.layers):
+            qkv = layer.qkv.fused(_rms_norm(layer.norm_in, x)).view(rows, width, -1, self.head_dim)
+            qk = qkv[:, :, : layer.qk_heads]  # queries and keys rotate as one tensor
+            qk = qk * cos + _rotate_half(qk) * sin
+            q, k = qk[:, :, : layer.q_heads].transpose(1, 2), qk[:, :, layer.q_heads :]
+            k, v = cache.update(k.transpose(1, 2), qkv[:, :, layer.qk_heads :].transpose(1, 2),
+                                index)
+            a = scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask,
+                                             scale=self.scaling,
+                                             enable_gqa=q.shape[1] != k.shape[1])
+            x = x + layer.out(a.transpose(1, 2).reshape(rows, width, -1).to(x.dtype))
+            gate, up = layer.gate_up.fused(_rms_norm(layer.norm_post, x)).split(layer.mlp_sizes,
+                                                                                dim=-1)
+            x = x + layer.down(layer.act(gate) * up)
+        return _rms_norm(self.norm, x)
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaRMSNorm (float32 statistics, the weight applied in the model's dtype);
+    torch's one op gives the same bits in float32."""
+    if x.dtype != torch.float32:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return norm.weight * h.to(x.dtype)
+    return rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
