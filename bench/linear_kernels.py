@@ -1,6 +1,8 @@
 """The linear layers of one decode step, through torch's default CPU kernel (MKL, what
 `nn.Linear` and `generate()` use) and through oneDNN with prepacked weights (what the torch
-engine uses, `handlers/engine/torch/onednn_linear.py`), at several row counts.
+engine uses, `handlers/engine/torch/onednn_linear.py`), at several row counts; and through AMD's
+zentorch (ZenDNN, the kernels of vLLM's `zen` extra) where it is installed: it is built for one
+torch minor version (2.14 for zentorch 2.14), so it runs in an environment of its own.
 
     .venv/bin/python bench/linear_kernels.py [--rows 1,8,32,64,256] [--repeats 5] [--threads N]
 
@@ -53,8 +55,21 @@ def measure(rows: int, linears: list[torch.nn.Linear], packed: list[OneDnnLinear
     mkl = step_time(lambda: [F.linear(inputs[m.in_features], m.weight) for m in linears],
                     repeats)
     onednn = step_time(lambda: [p(inputs[p.in_features]) for p in packed], repeats)
-    return {"rows": rows, "mkl_ms": mkl * 1e3, "onednn_ms": onednn * 1e3,
-            "speedup": mkl / onednn}
+    result = {"rows": rows, "mkl_ms": mkl * 1e3, "onednn_ms": onednn * 1e3,
+              "speedup": mkl / onednn}
+    if zentorch_available():
+        zen = torch.ops.zentorch.zentorch_linear_unary
+        result["zentorch_ms"] = 1e3 * step_time(
+            lambda: [zen(inputs[m.in_features], m.weight) for m in linears], repeats)
+    return result
+
+
+def zentorch_available() -> bool:
+    try:
+        import zentorch  # noqa: F401 (registers torch.ops.zentorch)
+    except ImportError:
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,9 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         for rows in rows_list:
             results.append(measure(rows, linears, packed, args.repeats))
             bar.update()
-    print(f"{'rows':>6} {'MKL ms':>9} {'oneDNN ms':>10} {'speedup':>8}")
+    zen = "zentorch_ms" in results[0]
+    print(f"{'rows':>6} {'MKL ms':>9} {'oneDNN ms':>10} {'speedup':>8}"
+          + (f" {'zentorch ms':>12}" if zen else ""))
     for r in results:
-        print(f"{r['rows']:>6} {r['mkl_ms']:>9.1f} {r['onednn_ms']:>10.1f} {r['speedup']:>7.2f}x")
+        print(f"{r['rows']:>6} {r['mkl_ms']:>9.1f} {r['onednn_ms']:>10.1f} {r['speedup']:>7.2f}x"
+              + (f" {r['zentorch_ms']:>12.1f}" if zen else ""))
     save(args, results, len(linears))
     return 0
 
@@ -92,6 +110,8 @@ def save(args: argparse.Namespace, results: list[dict], layers: int) -> None:
     rows = [r["rows"] for r in results]
     ax.plot(rows, [r["mkl_ms"] for r in results], "o-", label="MKL (nn.Linear)")
     ax.plot(rows, [r["onednn_ms"] for r in results], "o-", label="oneDNN, prepacked")
+    if "zentorch_ms" in results[0]:
+        ax.plot(rows, [r["zentorch_ms"] for r in results], "o-", label="zentorch (ZenDNN)")
     ax.set(xscale="log", xlabel="rows", ylabel="ms per step (all linears)",
            title=f"{layers} linear layers, {args.threads} threads")
     ax.legend()
