@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.functional import rms_norm, scaled_dot_product_attention
+from torch.nn.functional import rms_norm
 
+from handlers.engine.torch.attention import slot_cache_attention
 from handlers.engine.torch.fused_projections import ProjectionPart
 from handlers.engine.torch.kv_cache import SlotKVCache
 
@@ -77,10 +78,8 @@ class LlamaStack:
             q, k = qk[:, :, : layer.q_heads].transpose(1, 2), qk[:, :, layer.q_heads :]
             k, v = cache.update(k.transpose(1, 2), qkv[:, :, layer.qk_heads :].transpose(1, 2),
                                 index)
-            a = scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask,
-                                             scale=self.scaling,
-                                             enable_gqa=q.shape[1] != k.shape[1])
-            x = x + layer.out(a.transpose(1, 2).reshape(rows, width, -1).to(x.dtype))
+            a, _ = slot_cache_attention(None, q, k, v, mask, scaling=self.scaling)
+            x = x + layer.out(a.reshape(rows, width, -1))
             gate, up = layer.gate_up.fused(_rms_norm(layer.norm_post, x)).split(layer.mlp_sizes,
                                                                                 dim=-1)
             x = x + layer.down(layer.act(gate) * up)
