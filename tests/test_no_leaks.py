@@ -74,9 +74,11 @@ async def settled(engine: TorchEngine) -> None:
         await asyncio.sleep(0.05)
 
 
-async def closed(process: psutil.Process, fds: int) -> None:
-    """The server closes a connection's socket after its client went: wait for it by count."""
-    while process.num_fds() > fds:
+async def quiet(process: psutil.Process) -> None:
+    """The server closes a connection's socket some time after its client went: wait, by count,
+    until no TCP socket but the listening ones is open (client and server share this process),
+    so that open files are counted in the same state before and after."""
+    while any(c.status != psutil.CONN_LISTEN for c in process.net_connections(kind="tcp")):
         await asyncio.sleep(0.05)
 
 
@@ -88,10 +90,12 @@ async def test_a_thousand_requests_a_third_aborted_and_a_third_timed_out_leak_no
     try:
         with serving(create_app(ctx)) as url:
             await run_all(url, 99)  # first: lazily made pools and caches settle
+            await asyncio.wait_for(settled(engine), 120)
+            await asyncio.wait_for(quiet(process), 60)
             before = (process.num_fds(), process.num_threads(), await server_tasks(ctx))
             outcomes = await run_all(url)
             await asyncio.wait_for(settled(engine), 120)
-            await asyncio.wait_for(closed(process, before[0]), 60)
+            await asyncio.wait_for(quiet(process), 60)
             after = (process.num_fds(), process.num_threads(), await server_tasks(ctx))
     finally:
         await engine.shutdown()
