@@ -6,6 +6,7 @@ descriptor behind."""
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -74,11 +75,18 @@ async def settled(engine: TorchEngine) -> None:
         await asyncio.sleep(0.05)
 
 
-async def quiet(process: psutil.Process) -> None:
+async def quiet(process: psutil.Process, url: str) -> None:
     """The server closes a connection's socket some time after its client went: wait, by count,
-    until no TCP socket but the listening ones is open (client and server share this process),
-    so that open files are counted in the same state before and after."""
-    while any(c.status != psutil.CONN_LISTEN for c in process.net_connections(kind="tcp")):
+    until no connection to or from the server's port is open (client and server share this
+    process), so that open files are counted in the same state before and after."""
+    port = urlsplit(url).port
+
+    def open_connections() -> int:
+        return sum(1 for c in process.net_connections(kind="tcp")
+                   if c.status != psutil.CONN_LISTEN
+                   and port in (c.laddr.port, c.raddr.port if c.raddr else None))
+
+    while open_connections():
         await asyncio.sleep(0.05)
 
 
@@ -91,11 +99,11 @@ async def test_a_thousand_requests_a_third_aborted_and_a_third_timed_out_leak_no
         with serving(create_app(ctx)) as url:
             await run_all(url, 99)  # first: lazily made pools and caches settle
             await asyncio.wait_for(settled(engine), 120)
-            await asyncio.wait_for(quiet(process), 60)
+            await asyncio.wait_for(quiet(process, url), 60)
             before = (process.num_fds(), process.num_threads(), await server_tasks(ctx))
             outcomes = await run_all(url)
             await asyncio.wait_for(settled(engine), 120)
-            await asyncio.wait_for(quiet(process), 60)
+            await asyncio.wait_for(quiet(process, url), 60)
             after = (process.num_fds(), process.num_threads(), await server_tasks(ctx))
     finally:
         await engine.shutdown()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn.functional import rms_norm
+from transformers import LlamaForCausalLM
 
 from handlers.engine.torch.attention import slot_cache_attention
 from handlers.engine.torch.fused_projections import ProjectionPart
@@ -57,7 +58,7 @@ class LlamaStack:
     @staticmethod
     def of(model: nn.Module) -> LlamaStack | None:
         """The stack for `model` when it is a Llama whose projections were fused, else None."""
-        if type(model).__name__ != "LlamaForCausalLM":
+        if type(model) is not LlamaForCausalLM:  # exactly: not remote code or a subclass
             return None
         layers = model.model.layers
         fused = all(isinstance(layer.self_attn.q_proj, ProjectionPart)
