@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.functional import rms_norm
 from transformers import LlamaForCausalLM
+from transformers.models.llama.modeling_llama import rotate_half
 
 from handlers.engine.torch.attention import slot_cache_attention
 from handlers.engine.torch.fused_projections import ProjectionPart
@@ -35,6 +36,14 @@ class _Layer:
     down: nn.Module
     act: nn.Module
 
+    @staticmethod
+    def of(layer: nn.Module, head_dim: int) -> _Layer:
+        qkv, gate_up = layer.self_attn.q_proj.shared, layer.mlp.gate_proj.shared
+        return _Layer(norm_in=layer.input_layernorm, qkv=qkv, q_heads=qkv.sizes[0] // head_dim,
+                      qk_heads=sum(qkv.sizes[:2]) // head_dim, out=layer.self_attn.o_proj,
+                      norm_post=layer.post_attention_layernorm, gate_up=gate_up,
+                      mlp_sizes=gate_up.sizes, down=layer.mlp.down_proj, act=layer.mlp.act_fn)
+
 
 class LlamaStack:
     def __init__(self, model: nn.Module) -> None:
@@ -44,15 +53,7 @@ class LlamaStack:
         self.norm = decoder.norm
         attention = decoder.layers[0].self_attn
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
-        self.layers = [_Layer(norm_in=layer.input_layernorm, qkv=layer.self_attn.q_proj.shared,
-                              q_heads=layer.self_attn.q_proj.shared.sizes[0] // self.head_dim,
-                              qk_heads=sum(layer.self_attn.q_proj.shared.sizes[:2])
-                              // self.head_dim,
-                              out=layer.self_attn.o_proj,
-                              norm_post=layer.post_attention_layernorm,
-                              gate_up=layer.mlp.gate_proj.shared,
-                              mlp_sizes=layer.mlp.gate_proj.shared.sizes,
-                              down=layer.mlp.down_proj, act=layer.mlp.act_fn)
+        self.layers = [_Layer.of(layer, self.head_dim)
                        for layer in decoder.layers[: model.config.num_hidden_layers]]
 
     @staticmethod
@@ -75,7 +76,7 @@ class LlamaStack:
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv.fused(_rms_norm(layer.norm_in, x)).view(rows, width, -1, self.head_dim)
             qk = qkv[:, :, : layer.qk_heads]  # queries and keys rotate as one tensor
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :, : layer.q_heads].transpose(1, 2), qk[:, :, layer.q_heads :]
             k, v = cache.update(k.transpose(1, 2), qkv[:, :, layer.qk_heads :].transpose(1, 2),
                                 index)
@@ -88,15 +89,7 @@ class LlamaStack:
 
 
 def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' LlamaRMSNorm (float32 statistics, the weight applied in the model's dtype);
-    torch's one op gives the same bits in float32."""
+    """The model's RMSNorm; in float32, torch's one op, which gives the same bits in fewer calls."""
     if x.dtype != torch.float32:
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-        return norm.weight * h.to(x.dtype)
+        return norm(x)
     return rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
