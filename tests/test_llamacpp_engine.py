@@ -77,8 +77,9 @@ def reference():
     llm = llama_cpp.Llama(str(default_model_path()), n_ctx=CONTEXT, flash_attn=True,
                           n_threads=len(os.sched_getaffinity(0)), verbose=False)
 
-    def greedy(prompt: str, n: int) -> list[int]:
-        ids = llm.tokenize(prompt.encode(), add_bos=False, special=True)
+    def greedy(prompt: str | list[int], n: int) -> list[int]:
+        ids = llm.tokenize(prompt.encode(), add_bos=False, special=True) \
+            if isinstance(prompt, str) else prompt
         out = []
         for token in llm.generate(ids, temp=0.0, reset=True):
             out.append(token)
@@ -147,6 +148,41 @@ async def test_one_decode_call_per_step_over_all_sequences(engine, monkeypatch):
     assert runner is engine.batcher.runner
     assert 4 in sizes  # a decode step ran the 4 sequences in one call
     assert len(sizes) < 4 * 12  # not one call per sequence and token
+
+
+def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(tmp_path, reference):
+    """Prompt A ends its prefill in the pass that also runs B's first chunk, and takes the
+    decode slot B sits in: B's sequence moves with that chunk's cells (it lost them once, and
+    its next chunk failed: 'llama_decode failed (-1: invalid batch)')."""
+    args = parse_args(["--model-dir", str(tmp_path), "--option", "option.rolling_batch=llamacpp",
+                       "--option", f"option.max_model_len={CONTEXT}",
+                       "--option", "option.max_rolling_batch_size=4",
+                       "--option", "option.max_rolling_batch_prefill_tokens=8"])
+    stepped = build(load_config(args, {})).engine
+    ids = stepped.tokenizer.encode(SYSTEM)
+
+    def request(prompt_ids: list[int], n: int) -> GenerationRequest:
+        return GenerationRequest(prompt="", prompt_token_ids=prompt_ids,
+                                 params=SamplingParams(max_new_tokens=n, ignore_eos=True))
+
+    first = request(ids[:4], 12)  # decodes in slot 0 throughout
+    brief = request(ids[4:8], 1)  # slot 1, freed in step 2 (one token, from its prefill)
+    a = request(ids[:10], 6)  # slot 2: 4 tokens in step 2, its last 6 in step 3
+    b = request(ids[2:14], 6)  # slot 1 from step 3: its first 2 tokens in step 3
+    stepped.add(first)
+    outputs = stepped.step()
+    stepped.add(brief)
+    stepped.add(a)
+    outputs += stepped.step()
+    stepped.add(b)
+    while stepped.has_work:
+        outputs += stepped.step()
+    got: dict[str, list[int]] = {}
+    for out in outputs:
+        assert all(s.finish_reason != FinishReason.ERROR for s in out.outputs), out
+        got.setdefault(out.request_id, []).extend(t.id for s in out.outputs for t in s.tokens)
+    for req in (first, brief, a, b):
+        assert got[req.request_id] == reference(req.prompt_token_ids, req.params.max_new_tokens)
 
 
 async def test_requests_join_mid_flight(engine, reference):

@@ -48,8 +48,9 @@ async def engine(loaded, request):
     await eng.shutdown()
 
 
-def hf_greedy(loaded, prompt: str, n: int) -> list[int]:
-    ids = loaded.tokenizer.encode(prompt, add_special_tokens=False)
+def hf_greedy(loaded, prompt: str | list[int], n: int) -> list[int]:
+    ids = loaded.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) \
+        else prompt
     with torch.inference_mode():
         out = loaded.model.generate(
             torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
@@ -289,3 +290,40 @@ def test_stepped_by_its_caller_one_token_per_sequence_per_step(loaded):
             ids[out.request_id] += [t.id for t in seq.tokens]
     assert [ids[r.request_id] for r in requests] == [hf_greedy(loaded, p, 6) for p in PROMPTS[:3]]
     assert len(steps) == 7  # request 0: steps 1-6; requests 1 and 2 join at step 2, end at 7
+
+
+def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(loaded):
+    """Prompt A ends its prefill in the pass that also prefills B's first chunk, and takes the
+    decode slot B sits in: B moves elsewhere with that chunk's keys and values (it lost them
+    once, answering otherwise than generate()), and both answer as generate() does."""
+    stepped = TorchEngine(loaded, max_batch_size=4, max_prefill_tokens=8)
+    ids = loaded.tokenizer.encode(PROMPTS[2], add_special_tokens=False)
+
+    def request(prompt_ids: list[int], n: int) -> GenerationRequest:
+        return GenerationRequest(prompt="", prompt_token_ids=prompt_ids,
+                                 params=SamplingParams(max_new_tokens=n, ignore_eos=True))
+
+    first = request(ids[:4], 12)  # decodes in slot 0 throughout
+    brief = request(ids[4:8], 1)  # slot 1, freed in step 2 (one token, from its prefill)
+    a = request(ids[:10], 6)  # slot 2: 4 tokens in step 2, its last 6 in step 3
+    b = request(ids[2:14], 6)  # slot 1 from step 3: its first 2 tokens in step 3
+    stepped.add(first)
+    steps = [stepped.step()]
+    stepped.add(brief)
+    stepped.add(a)
+    steps.append(stepped.step())
+    stepped.add(b)
+    while stepped.has_work:
+        steps.append(stepped.step())
+    tokens: dict[str, list] = {}
+    for out in (o for outputs in steps for o in outputs):
+        tokens.setdefault(out.request_id, []).extend(t for s in out.outputs for t in s.tokens)
+    for req in (first, brief, a, b):
+        got = tokens[req.request_id]
+        prompt = req.prompt_token_ids
+        assert [t.id for t in got] == hf_greedy(loaded, prompt, req.params.max_new_tokens)
+        with torch.inference_mode():  # greedy may survive a lost chunk; its logprobs do not
+            logits = loaded.model(torch.tensor([prompt + [t.id for t in got]])).logits[0]
+        expected = logits.float().log_softmax(-1)[len(prompt) - 1 :]
+        assert [t.logprob for t in got] == pytest.approx(
+            [expected[i, t.id].item() for i, t in enumerate(got)], abs=1e-3)

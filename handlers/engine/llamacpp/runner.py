@@ -84,8 +84,10 @@ class LlamaCppRunner:
         self._spare = list(range(num_slots, num_slots + prefix_places))
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = pool_tokens
-        params.n_batch = params.n_ubatch = max_batch_tokens
         params.n_seq_max = num_slots + prefix_places
+        # llama.cpp reserves one output per sequence at init and aborts the process (not an
+        # error) when a batch holds fewer: a prefill budget under the sequences' count.
+        params.n_batch = params.n_ubatch = max(max_batch_tokens, params.n_seq_max)
         params.kv_unified = True
         params.n_threads = params.n_threads_batch = len(os.sched_getaffinity(0))
         params.no_perf = True

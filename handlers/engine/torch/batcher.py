@@ -229,6 +229,10 @@ class ContinuousBatcher:
             for state in states:
                 self._fail(state, exc, touched)
             return
+        # Every chunk counts as cached before any sequence starts decoding: starting one may
+        # move another prompt of this pass to a new slot, with what it has cached.
+        for state, chunk in zip(states, chunks, strict=True):
+            state.sequences[0].cached += len(chunk.token_ids)
         for state, chunk, chunk_logits in zip(states, chunks, logits, strict=True):
             try:
                 self._after_prefill_chunk(state, chunk, chunk_logits, touched)
@@ -239,7 +243,6 @@ class ContinuousBatcher:
     def _after_prefill_chunk(self, state: RequestState, chunk: PrefillChunk,
                              logits: torch.Tensor, touched: dict[str, RequestState]) -> None:
         first = state.sequences[0]
-        first.cached += len(chunk.token_ids)
         if state.prompt_logprobs is not None:
             self._record_prompt_logprobs(state, chunk, logits)
         if first.cached < len(state.prompt_ids):
