@@ -128,9 +128,9 @@ async def test_prompts_sharing_a_system_prompt_reuse_its_cells(engine, reference
     for prompt in (first, second):
         [seq] = await run(engine, prompt, max_new_tokens=16, ignore_eos=True)
         assert seq["ids"] == reference(prompt, 16)
-    assert engine.stats()["prefix_cache_hits"] - before == shared // 16 * 16
+    assert engine.stats()["prefix_cache_hits"] - before == shared
     memory = engine.batcher.runner.cache  # the spare sequences after the 8 slots keep prompts
-    assert any(memory.positions(seq) == (0, 31) for seq in range(8, 16))
+    assert any(memory.positions(seq) == (0, len(ids[0]) - 1) for seq in range(8, 16))
 
 
 async def test_one_decode_call_per_step_over_all_sequences(engine, monkeypatch):

@@ -87,8 +87,8 @@ async def test_prompts_sharing_a_prefix_prefill_only_what_is_new(engine, loaded)
         [seq] = await run(engine, prompt, max_new_tokens=12, ignore_eos=True)
         assert seq["ids"] == hf_greedy(loaded, prompt, 12)
     stats = engine.stats()
-    # the second found the first's whole blocks of SYSTEM; the third, all of it but the end
-    assert stats["prefix_cache_hits"] >= 2 * (shared // 16 - 1) * 16
+    # the second found all of SYSTEM (and the space after it); the third, SYSTEM but its end
+    assert stats["prefix_cache_hits"] >= 2 * (shared - 1)
     assert stats["prefix_cache_queries"] == stats["prompt_tokens"]
     await run(engine, SYSTEM, max_new_tokens=1, prompt_logprobs=True)
     assert engine.stats()["prefix_cache_hits"] == stats["prefix_cache_hits"]  # none reused

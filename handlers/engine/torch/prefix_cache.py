@@ -2,9 +2,12 @@
 prompt that starts the same way (a system prompt, a chat's earlier turns) prefills only what is
 new.
 
-Prefixes are kept and matched in whole blocks of BLOCK tokens. Each kept prompt is indexed by
-the chained hash of every one of its block prefixes, so a lookup walks the new prompt block by
-block (vLLM's scheme) and a match is confirmed token by token. The runner holds the saved
+Each kept prompt is indexed by the chained hash of every one of its whole blocks of BLOCK
+tokens, so a lookup walks the new prompt block by block (vLLM's scheme), confirms the match token
+by token, then goes on token by token past the last whole block: a prompt reuses all it shares
+with a kept one (a system prompt is rarely a whole number of blocks; a repeated prompt reuses
+all but its last token), not only whole blocks. Nothing here is paged, so a prefix of any length
+loads as cheaply. The runner holds the saved
 keys/values (`save_prefix` / `load_prefix`); this class decides what to keep within a budget
 of tokens, least recently used first out, and counts queried and reused prompt tokens (the hit
 rate's two halves, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`).
@@ -17,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-BLOCK = 16  # tokens per block: the unit prefixes are matched, kept and reused in
+BLOCK = 16  # tokens per block: the unit prefixes are found by (and the shortest kept)
 
 
 class PrefixStore(Protocol):
@@ -32,7 +35,7 @@ class PrefixStore(Protocol):
 
 @dataclass(eq=False)
 class _Entry:
-    tokens: tuple[int, ...]  # a whole number of blocks
+    tokens: tuple[int, ...]  # a prompt, at least one block long
     saved: Any  # the runner's copy of their keys/values
     used: int  # when last kept or reused (a logical clock)
 
@@ -64,10 +67,10 @@ class PrefixCache:
         return length
 
     def keep(self, prompt: Sequence[int], slot: int) -> None:
-        """`slot` holds `prompt`'s keys/values: keep its whole blocks, unless kept already. A
-        kept prefix this one extends gives its place up (the new one serves it too)."""
-        length = len(prompt) // BLOCK * BLOCK
-        if not length or length > self.max_tokens:
+        """`slot` holds `prompt`'s keys/values: keep them, unless kept already. A kept prefix
+        this one extends gives its place up (the new one serves it too)."""
+        length = len(prompt)
+        if length < BLOCK or length > self.max_tokens:
             return
         entry, matched = self._match(prompt, limit=length)
         if entry is not None and matched == length:
@@ -86,8 +89,8 @@ class PrefixCache:
             self._by_hash.setdefault(key, []).append(entry)
 
     def _match(self, prompt: Sequence[int], limit: int) -> tuple[_Entry | None, int]:
-        """The most recent entry sharing the most whole blocks (at most `limit` tokens) with
-        `prompt`, and how many tokens that is."""
+        """The most recent entry sharing the most whole blocks with `prompt`, and how many
+        tokens they share, whole blocks and then single tokens (at most `limit`)."""
         found, length = None, 0
         for blocks, key in enumerate(_block_hashes(prompt, limit), start=1):
             holders = self._by_hash.get(key)
@@ -97,7 +100,12 @@ class PrefixCache:
         # A hash is not the tokens: confirm, shortening to what truly matches (collisions only).
         while found is not None and length and found.tokens[:length] != tuple(prompt[:length]):
             length -= BLOCK
-        return (found, length) if found is not None and length else (None, 0)
+        if found is None or not length:
+            return None, 0
+        end = min(limit, len(found.tokens))
+        while length < end and found.tokens[length] == prompt[length]:
+            length += 1
+        return found, length
 
     def _drop(self, entry: _Entry) -> None:
         self.store.drop_prefix(entry.saved)
