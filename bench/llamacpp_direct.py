@@ -27,8 +27,10 @@ def run_one(llm: Llama, text: str, max_tokens: int, start: float) -> dict[str, f
     first = last = None
     tokens = 0
     # EOS banned: every request generates exactly max_tokens, as `ignore_eos` does elsewhere.
-    for _chunk in llm.create_completion(text, max_tokens=max_tokens, temperature=0.0,
-                                        stream=True, logit_bias={llm.token_eos(): -1e9}):
+    for chunk in llm.create_completion(text, max_tokens=max_tokens, temperature=0.0,
+                                       stream=True, logit_bias={llm.token_eos(): -1e9}):
+        if chunk["choices"][0]["finish_reason"] is not None:
+            break  # the closing chunk: no token of its own (counting it made 129 of 128)
         now = time.perf_counter()
         first = first or now
         last = now
