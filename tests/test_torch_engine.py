@@ -7,6 +7,7 @@ alone, in a batch that others join mid-flight, and with prompts prefilled in sma
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 import torch
@@ -327,3 +328,43 @@ def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(loaded):
         expected = logits.float().log_softmax(-1)[len(prompt) - 1 :]
         assert [t.logprob for t in got] == pytest.approx(
             [expected[i, t.id].item() for i, t in enumerate(got)], abs=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_each_request_gets_the_models_own_answer_whatever_the_schedule(loaded, seed):
+    """Random arrivals, prompts (half of them sharing an opening), lengths, n and a small batch
+    and prefill budget exercise slot moves, chunking, prefix reuse and compaction together:
+    every sequence's tokens and logprobs are still the model's own for its prompt alone."""
+    rng = random.Random(seed)
+    stepped = TorchEngine(loaded, max_batch_size=4, max_prefill_tokens=rng.choice([5, 8, 13]),
+                          prefix_cache_bytes=1 << 20)
+    text = loaded.tokenizer.encode(" ".join(PROMPTS), add_special_tokens=False)
+    pending = []
+    for _ in range(10):
+        start = 0 if rng.random() < 0.5 else rng.randrange(len(text) - 30)
+        prompt = text[start : start + rng.randint(3, 30)]
+        params = SamplingParams(max_new_tokens=rng.randint(1, 8), ignore_eos=True,
+                                n=rng.choice([1, 1, 2]))
+        pending.append(GenerationRequest(prompt="", prompt_token_ids=prompt, params=params))
+    requests = list(pending)
+    tokens: dict[tuple[str, int], list] = {}
+    while pending or stepped.has_work:
+        for _ in range(rng.randint(0, 2)):
+            if pending:
+                stepped.add(pending.pop(0))
+        for out in stepped.step():
+            for seq in out.outputs:
+                assert seq.finish_reason != FinishReason.ERROR, seq.error
+                tokens.setdefault((out.request_id, seq.index), []).extend(seq.tokens)
+    assert stepped.batcher.stats()["kv_cache_slots_in_use"] == 0
+    for req in requests:
+        prompt, n = req.prompt_token_ids, req.params.max_new_tokens
+        want = hf_greedy(loaded, prompt, n)
+        with torch.inference_mode():
+            logits = loaded.model(torch.tensor([prompt + want])).logits[0, len(prompt) - 1 :]
+        expected = logits.float().log_softmax(-1)
+        for index in range(req.params.n):
+            got = tokens[req.request_id, index]
+            assert [t.id for t in got] == want
+            assert [t.logprob for t in got] == pytest.approx(
+                [expected[i, t].item() for i, t in enumerate(want)], abs=1e-3)

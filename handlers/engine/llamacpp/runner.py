@@ -84,7 +84,8 @@ class LlamaCppRunner:
         self._spare = list(range(num_slots, num_slots + prefix_places))
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = pool_tokens
-        params.n_seq_max = num_slots + prefix_places
+        self._swap_seq = num_slots + prefix_places  # a sequence of its own, to trade two slots
+        params.n_seq_max = num_slots + prefix_places + 1
         # llama.cpp reserves one output per sequence at init and aborts the process (not an
         # error) when a batch holds fewer: a prefill budget under the sequences' count.
         params.n_batch = params.n_ubatch = max(max_batch_tokens, params.n_seq_max)
@@ -133,6 +134,13 @@ class LlamaCppRunner:
         self.cache.remove(dst)
         if length:
             self.cache.copy(src, dst, length)
+
+    def swap(self, a: int, b: int, a_len: int, b_len: int) -> None:
+        """Trade the first positions of two slots (`a_len` of a's, `b_len` of b's)."""
+        self.move(a, self._swap_seq, a_len)
+        self.move(b, a, b_len)
+        self.move(self._swap_seq, b, a_len)
+        self.cache.remove(self._swap_seq)
 
     def save_prefix(self, slot: int, length: int) -> int:
         """Keep the slot's first `length` positions in a spare sequence (cells are shared, not

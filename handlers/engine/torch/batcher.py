@@ -267,11 +267,13 @@ class ContinuousBatcher:
         """Move the prompt's cache into the decode region (once per sequence) and sample each
         sequence's first token from the prompt's last logits."""
         first = state.sequences[0]
-        source = first.slot
+        source = home = first.slot  # home: where the prompt's cache is
         for seq in state.sequences:
-            slot = self._claim_decode_slot(exclude=source)
-            if slot != source:
-                self.runner.move(source, slot, first.cached)
+            slot = self._claim_decode_slot(home, first.cached)
+            if self._owner[home] is not first and home == source:
+                home = slot  # it traded places with a prompt still prefilling
+            elif slot != home:
+                self.runner.move(home, slot, first.cached)
             seq.slot, seq.cached = slot, first.cached
             self._owner[slot] = seq
             self.decoding.append(seq)
@@ -284,16 +286,23 @@ class ContinuousBatcher:
             logits = logits.clone()  # each sequence's grammar masks its own row
         self._sample_rows(logits, rows)
 
-    def _claim_decode_slot(self, exclude: int) -> int:
-        """Slot len(decoding), after moving a prefilling sequence that sits there elsewhere."""
+    def _claim_decode_slot(self, home: int, length: int) -> int:
+        """Slot len(decoding), for a sequence of the prompt whose `length` cached positions are
+        in slot `home`. A prompt still prefilling that sits there moves to a free slot or, when
+        every slot is held, trades places with the prompt (whose cache is then in this slot)."""
         slot = len(self.decoding)
         owner = self._owner[slot]
-        if owner is not None and slot != exclude:
+        if owner is None or slot == home:
+            return slot
+        if None in self._owner:
             free = self._free_slot()
             self.runner.move(slot, free, owner.cached)
-            owner.slot = free
-            self._owner[free] = owner
-            self._owner[slot] = None
+        else:
+            free = home
+            self.runner.swap(slot, home, owner.cached, length)
+        owner.slot = free
+        self._owner[free] = owner
+        self._owner[slot] = None
         return slot
 
     # -- decode ---------------------------------------------------------------------------------

@@ -104,3 +104,11 @@ class SlotKVCache:
         for buffers in (self.keys, self.values):
             for buf in buffers:
                 buf[dst, :, :length] = buf[src, :, :length]
+
+    def swap_slots(self, a: int, b: int, a_len: int, b_len: int) -> None:
+        """Trade the first positions of two slots (`a_len` of a's, `b_len` of b's)."""
+        for buffers in (self.keys, self.values):
+            for buf in buffers:
+                held = buf[a, :, :a_len].clone()
+                buf[a, :, :b_len] = buf[b, :, :b_len]
+                buf[b, :, :a_len] = held

@@ -139,6 +139,9 @@ class ModelRunner:
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
 
+    def swap(self, a: int, b: int, a_len: int, b_len: int) -> None:
+        self.cache.swap_slots(a, b, a_len, b_len)
+
     @property
     def kv_bytes_per_token(self) -> int:
         return self.cache.bytes_per_token
