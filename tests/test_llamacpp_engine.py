@@ -28,7 +28,7 @@ llama_cpp = pytest.importorskip(
     "llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra: "
     "LMI_VENV=.venv-llamacpp LMI_EXTRAS=llamacpp ./dev test)")
 
-from engine_requests import run  # noqa: E402
+from engine_requests import prompt_moved_mid_prefill, random_schedule, run  # noqa: E402
 
 from handlers.config import load_config  # noqa: E402
 from handlers.config.args import parse_args  # noqa: E402
@@ -152,39 +152,24 @@ async def test_one_decode_call_per_step_over_all_sequences(engine, monkeypatch):
     assert len(sizes) < 4 * 12  # not one call per sequence and token
 
 
+def stepped_engine(model_dir, prefill_tokens: int):
+    """A new engine of 4 slots that prefills `prefill_tokens` a step, to step by hand."""
+    args = parse_args(["--model-dir", str(model_dir), "--option", "option.rolling_batch=llamacpp",
+                       "--option", f"option.max_model_len={CONTEXT}",
+                       "--option", "option.max_rolling_batch_size=4", "--option",
+                       f"option.max_rolling_batch_prefill_tokens={prefill_tokens}"])
+    return build(load_config(args, {})).engine
+
+
 def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(tmp_path, reference):
     """Prompt A ends its prefill in the pass that also runs B's first chunk, and takes the
     decode slot B sits in: B's sequence moves with that chunk's cells (it lost them once, and
-    its next chunk failed: 'llama_decode failed (-1: invalid batch)')."""
-    args = parse_args(["--model-dir", str(tmp_path), "--option", "option.rolling_batch=llamacpp",
-                       "--option", f"option.max_model_len={CONTEXT}",
-                       "--option", "option.max_rolling_batch_size=4",
-                       "--option", "option.max_rolling_batch_prefill_tokens=8"])
-    stepped = build(load_config(args, {})).engine
-    ids = stepped.tokenizer.encode(SYSTEM)
-
-    def request(prompt_ids: list[int], n: int) -> GenerationRequest:
-        return GenerationRequest(prompt="", prompt_token_ids=prompt_ids,
-                                 params=SamplingParams(max_new_tokens=n, ignore_eos=True))
-
-    first = request(ids[:4], 12)  # decodes in slot 0 throughout
-    brief = request(ids[4:8], 1)  # slot 1, freed in step 2 (one token, from its prefill)
-    a = request(ids[:10], 6)  # slot 2: 4 tokens in step 2, its last 6 in step 3
-    b = request(ids[2:14], 6)  # slot 1 from step 3: its first 2 tokens in step 3
-    stepped.add(first)
-    outputs = stepped.step()
-    stepped.add(brief)
-    stepped.add(a)
-    outputs += stepped.step()
-    stepped.add(b)
-    while stepped.has_work:
-        outputs += stepped.step()
-    got: dict[str, list[int]] = {}
-    for out in outputs:
-        assert all(s.finish_reason != FinishReason.ERROR for s in out.outputs), out
-        got.setdefault(out.request_id, []).extend(t.id for s in out.outputs for t in s.tokens)
-    for req in (first, brief, a, b):
-        assert got[req.request_id] == reference(req.prompt_token_ids, req.params.max_new_tokens)
+    answered otherwise than `Llama`)."""
+    stepped = stepped_engine(tmp_path, 8)
+    requests, tokens = prompt_moved_mid_prefill(stepped, stepped.tokenizer.encode(SYSTEM))
+    for req in requests:
+        assert [t.id for t in tokens[req.request_id, 0]] == reference(
+            req.prompt_token_ids, req.params.max_new_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -214,35 +199,9 @@ def test_each_request_keeps_its_own_context_whatever_the_schedule(tmp_path, refe
     differences reached ~0.9), every sequence not aborted runs to its length, and no KV cell
     stays taken."""
     rng = random.Random(seed)
-    args = parse_args(["--model-dir", str(tmp_path), "--option", "option.rolling_batch=llamacpp",
-                       "--option", f"option.max_model_len={CONTEXT}",
-                       "--option", "option.max_rolling_batch_size=4", "--option",
-                       f"option.max_rolling_batch_prefill_tokens={rng.choice([5, 8, 13])}"])
-    stepped = build(load_config(args, {})).engine
+    stepped = stepped_engine(tmp_path, rng.choice([5, 8, 13]))
     text = stepped.tokenizer.encode(SYSTEM + "".join(chat(q) for q in QUESTIONS))
-    pending = []
-    for _ in range(10):
-        start = 0 if rng.random() < 0.5 else rng.randrange(len(text) - 30)
-        params = SamplingParams(max_new_tokens=rng.randint(1, 8), ignore_eos=True,
-                                n=rng.choice([1, 1, 2]))
-        pending.append(GenerationRequest(
-            prompt="", prompt_token_ids=text[start : start + rng.randint(3, 30)], params=params))
-    requests = list(pending)
-    got: dict[tuple[str, int], list] = {}
-    started, aborted = [], set()
-    while pending or stepped.has_work:
-        for _ in range(rng.randint(0, 2)):
-            if pending:
-                stepped.add(pending[0])
-                started.append(pending.pop(0).request_id)
-        if started and rng.random() < 0.1:
-            victim = rng.choice(started)  # waiting, prefilling, decoding or done
-            aborted.add(victim)
-            stepped.cancel(victim)
-        for out in stepped.step():
-            for seq in out.outputs:
-                assert seq.finish_reason != FinishReason.ERROR, seq.error
-                got.setdefault((out.request_id, seq.index), []).extend(seq.tokens)
+    requests, got, aborted = random_schedule(stepped, text, rng)
     memory = stepped.batcher.runner.cache
     assert all(memory.positions(slot) == (-1, -1) for slot in range(4))
     for req in requests:

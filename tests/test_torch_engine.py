@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from engine_requests import run
+from engine_requests import prompt_moved_mid_prefill, random_schedule, run
 from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch import sampling
@@ -299,36 +299,22 @@ def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(loaded):
     once, answering otherwise than generate()), and both answer as generate() does."""
     stepped = TorchEngine(loaded, max_batch_size=4, max_prefill_tokens=8)
     ids = loaded.tokenizer.encode(PROMPTS[2], add_special_tokens=False)
+    requests, tokens = prompt_moved_mid_prefill(stepped, ids)
+    for req in requests:
+        assert_models_own(loaded, req.prompt_token_ids, tokens[req.request_id, 0],
+                          req.params.max_new_tokens)
 
-    def request(prompt_ids: list[int], n: int) -> GenerationRequest:
-        return GenerationRequest(prompt="", prompt_token_ids=prompt_ids,
-                                 params=SamplingParams(max_new_tokens=n, ignore_eos=True))
 
-    first = request(ids[:4], 12)  # decodes in slot 0 throughout
-    brief = request(ids[4:8], 1)  # slot 1, freed in step 2 (one token, from its prefill)
-    a = request(ids[:10], 6)  # slot 2: 4 tokens in step 2, its last 6 in step 3
-    b = request(ids[2:14], 6)  # slot 1 from step 3: its first 2 tokens in step 3
-    stepped.add(first)
-    steps = [stepped.step()]
-    stepped.add(brief)
-    stepped.add(a)
-    steps.append(stepped.step())
-    stepped.add(b)
-    while stepped.has_work:
-        steps.append(stepped.step())
-    tokens: dict[str, list] = {}
-    for out in (o for outputs in steps for o in outputs):
-        tokens.setdefault(out.request_id, []).extend(t for s in out.outputs for t in s.tokens)
-    for req in (first, brief, a, b):
-        got = tokens[req.request_id]
-        prompt = req.prompt_token_ids
-        assert [t.id for t in got] == hf_greedy(loaded, prompt, req.params.max_new_tokens)
-        with torch.inference_mode():  # greedy may survive a lost chunk; its logprobs do not
-            logits = loaded.model(torch.tensor([prompt + [t.id for t in got]])).logits[0]
-        expected = logits.float().log_softmax(-1)[len(prompt) - 1 :]
-        assert [t.logprob for t in got] == pytest.approx(
-            [expected[i, t.id].item() for i, t in enumerate(got)], abs=1e-3)
-
+def assert_models_own(loaded, prompt: list[int], got: list, n: int) -> None:
+    """`got` (perhaps cut short) is the first of the model's n greedy tokens for `prompt`,
+    with their log-probabilities (greedy may survive a corrupted cache; these do not)."""
+    want = hf_greedy(loaded, prompt, n)
+    assert [t.id for t in got] == want[: len(got)]
+    with torch.inference_mode():
+        logits = loaded.model(torch.tensor([prompt + want])).logits[0, len(prompt) - 1 :]
+    expected = logits.float().log_softmax(-1)
+    assert [t.logprob for t in got] == pytest.approx(
+        [expected[i, t].item() for i, t in enumerate(want[: len(got)])], abs=1e-3)
 
 @pytest.mark.parametrize("seed", range(6))
 def test_each_request_gets_the_models_own_answer_whatever_the_schedule(loaded, seed):
@@ -340,36 +326,11 @@ def test_each_request_gets_the_models_own_answer_whatever_the_schedule(loaded, s
     stepped = TorchEngine(loaded, max_batch_size=4, max_prefill_tokens=rng.choice([5, 8, 13]),
                           prefix_cache_bytes=1 << 20)
     text = loaded.tokenizer.encode(" ".join(PROMPTS), add_special_tokens=False)
-    pending = []
-    for _ in range(10):
-        start = 0 if rng.random() < 0.5 else rng.randrange(len(text) - 30)
-        prompt = text[start : start + rng.randint(3, 30)]
-        params = SamplingParams(max_new_tokens=rng.randint(1, 8), ignore_eos=True,
-                                n=rng.choice([1, 1, 2]))
-        pending.append(GenerationRequest(prompt="", prompt_token_ids=prompt, params=params))
-    requests = list(pending)
-    tokens: dict[tuple[str, int], list] = {}
-    started: list[str] = []
-    while pending or stepped.has_work:
-        for _ in range(rng.randint(0, 2)):
-            if pending:
-                stepped.add(pending[0])
-                started.append(pending.pop(0).request_id)
-        if started and rng.random() < 0.1:
-            stepped.cancel(rng.choice(started))  # waiting, prefilling, decoding or done
-        for out in stepped.step():
-            for seq in out.outputs:
-                assert seq.finish_reason != FinishReason.ERROR, seq.error
-                tokens.setdefault((out.request_id, seq.index), []).extend(seq.tokens)
+    requests, tokens, aborted = random_schedule(stepped, text, rng)
     assert stepped.batcher.stats()["kv_cache_slots_in_use"] == 0
     for req in requests:
-        prompt, n = req.prompt_token_ids, req.params.max_new_tokens
-        want = hf_greedy(loaded, prompt, n)
-        with torch.inference_mode():
-            logits = loaded.model(torch.tensor([prompt + want])).logits[0, len(prompt) - 1 :]
-        expected = logits.float().log_softmax(-1)
         for index in range(req.params.n):
             got = tokens.get((req.request_id, index), [])
-            assert [t.id for t in got] == want[: len(got)]
-            assert [t.logprob for t in got] == pytest.approx(
-                [expected[i, t].item() for i, t in enumerate(want[: len(got)])], abs=1e-3)
+            if req.request_id not in aborted:
+                assert len(got) == req.params.max_new_tokens
+            assert_models_own(loaded, req.prompt_token_ids, got, req.params.max_new_tokens)

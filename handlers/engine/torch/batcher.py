@@ -269,9 +269,9 @@ class ContinuousBatcher:
         first = state.sequences[0]
         source = home = first.slot  # home: where the prompt's cache is
         for seq in state.sequences:
-            slot = self._claim_decode_slot(home, first.cached)
-            if self._owner[home] is not first and home == source:
-                home = slot  # it traded places with a prompt still prefilling
+            slot, traded = self._claim_decode_slot(home, first.cached)
+            if traded:
+                home = slot  # the prompt's cache is in this slot now
             elif slot != home:
                 self.runner.move(home, slot, first.cached)
             seq.slot, seq.cached = slot, first.cached
@@ -286,24 +286,26 @@ class ContinuousBatcher:
             logits = logits.clone()  # each sequence's grammar masks its own row
         self._sample_rows(logits, rows)
 
-    def _claim_decode_slot(self, home: int, length: int) -> int:
+    def _claim_decode_slot(self, home: int, length: int) -> tuple[int, bool]:
         """Slot len(decoding), for a sequence of the prompt whose `length` cached positions are
         in slot `home`. A prompt still prefilling that sits there moves to a free slot or, when
-        every slot is held, trades places with the prompt (whose cache is then in this slot)."""
+        every slot is held, trades places with this prompt: then True (the cache is in the
+        returned slot)."""
         slot = len(self.decoding)
         owner = self._owner[slot]
         if owner is None or slot == home:
-            return slot
-        if None in self._owner:
-            free = self._free_slot()
-            self.runner.move(slot, free, owner.cached)
-        else:
+            return slot, False
+        traded = None not in self._owner
+        if traded:
             free = home
             self.runner.swap(slot, home, owner.cached, length)
+        else:
+            free = self._free_slot()
+            self.runner.move(slot, free, owner.cached)
         owner.slot = free
         self._owner[free] = owner
         self._owner[slot] = None
-        return slot
+        return slot, traded
 
     # -- decode ---------------------------------------------------------------------------------
 

@@ -7,10 +7,10 @@ tokens, so a lookup walks the new prompt block by block (vLLM's scheme), confirm
 by token, then goes on token by token past the last whole block: a prompt reuses all it shares
 with a kept one (a system prompt is rarely a whole number of blocks; a repeated prompt reuses
 all but its last token), not only whole blocks. Nothing here is paged, so a prefix of any length
-loads as cheaply. The runner holds the saved
-keys/values (`save_prefix` / `load_prefix`); this class decides what to keep within a budget
-of tokens, least recently used first out, and counts queried and reused prompt tokens (the hit
-rate's two halves, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`).
+loads as cheaply. The runner holds the saved keys/values (`save_prefix` / `load_prefix`); this
+class decides what to keep within a budget of tokens, least recently used first out, and counts
+queried and reused prompt tokens (the hit rate's two halves, as vLLM's `prefix_cache_queries` /
+`prefix_cache_hits`).
 """
 
 from __future__ import annotations
