@@ -316,6 +316,7 @@ def assert_models_own(loaded, prompt: list[int], got: list, n: int) -> None:
     assert [t.logprob for t in got] == pytest.approx(
         [expected[i, t].item() for i, t in enumerate(want[: len(got)])], abs=1e-3)
 
+
 @pytest.mark.parametrize("seed", range(6))
 def test_each_request_gets_the_models_own_answer_whatever_the_schedule(loaded, seed):
     """Random arrivals, prompts (half of them sharing an opening), lengths, n, aborts and a small
