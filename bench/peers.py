@@ -140,7 +140,11 @@ def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -
     try:
         started = wait_ready(proc, url + peer.ready, args.startup_timeout, log)
         print(f"ready in {started:.0f} s", flush=True)
-        return [{"startup_s": started, **level} for level in load(url, plan, args)]
+        compiled = wait_decode_graphs(proc, url, args.startup_timeout, log)
+        if compiled:
+            print(f"decode graphs in use {compiled:.0f} s later", flush=True)
+        return [{"startup_s": started, "decode_graphs_s": compiled, **level}
+                for level in load(url, plan, args)]
     finally:
         proc.terminate()
         try:
@@ -175,6 +179,26 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> f
             pass
         time.sleep(1)
     raise TimeoutError(f"{url} not ready after {timeout:.0f} s; see {log}")
+
+
+def wait_decode_graphs(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
+    """Seconds until our torch engine's compiled decode step is in use (its /metrics:
+    lmi_decode_graphs_ready reaching lmi_decode_graphs_total), as vLLM's server compiles before
+    it answers; 0 for a server that compiles none."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: exited {proc.returncode}; see {log}")
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        found = {s.name: s.value for f in text_string_to_metric_families(text)
+                 for s in f.samples if s.name.startswith("lmi_decode_graphs_")}
+        if found.get("lmi_decode_graphs_ready") == found.get("lmi_decode_graphs_total"):
+            return time.monotonic() - began
+        time.sleep(2)
+    raise TimeoutError(f"{url}: decode graphs not ready after {timeout:.0f} s; see {log}")
 
 
 def model_dir() -> str:

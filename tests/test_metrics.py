@@ -250,7 +250,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def test_token_counters_equal_the_usage_the_responses_report_on_the_torch_engine(
         tiny_dir):
     argv = ["--model-dir", str(tiny_dir), "--option", "option.embedding_model_id=none",
-            "--option", "option.max_rolling_batch_size=4"]
+            "--option", "option.max_rolling_batch_size=4", "--option", "option.enforce_eager=true"]
     engine = registry.build(load_config(parse_args(argv), env={})).engine
     ctx = ServerContext(ServerSettings(engine.model_name), Served(engine.model_name, engine))
     await engine.start()

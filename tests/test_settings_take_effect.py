@@ -138,7 +138,7 @@ def test_a_chat_template_that_is_neither_a_file_nor_jinja_stops_startup(tmp_path
     ("option.tensor_parallel_degree=1",),
     ("option.tensor_parallel_degree=max",),  # no GPU here, or one: the default
     ("option.pipeline_parallel_degree=1", "option.gpu_memory_utilization=0.9"),
-    ("option.enforce_eager=true",),  # the torch engine always runs eagerly
+    ("option.enforce_eager=true",),  # the torch engine's decode step is not compiled
     ("option.enforce_eager=false", "option.enable_prefix_caching=false"),
     ("option.enable_prefix_caching=true",),  # the torch engine keeps prompts' prefixes
     ("engine=Python", "option.entryPoint=handlers.djl", "option.load_format=auto"),
@@ -168,7 +168,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def built_engine(model_dir: Path, *options: str):
-    argv = ["--model-dir", str(model_dir), "--option", "option.embedding_model_id=none"]
+    argv = ["--model-dir", str(model_dir), "--option", "option.embedding_model_id=none",
+            "--option", "option.enforce_eager=true"]  # no minutes-long compile
     for option in options:
         argv += ["--option", option]
     return registry.build(load_config(parse_args(argv), env={})).engine

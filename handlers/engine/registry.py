@@ -39,7 +39,7 @@ _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_deg
                   "option.cpu_offload_gb_per_gpu", "option.load_format", "engine"})
 
 ENGINES = {
-    # The torch engine runs eagerly, always: option.enforce_eager=true is what it does.
+    # The torch engine compiles its CPU decode step unless option.enforce_eager=true.
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
                          _ROLLING | _HF | _SUPERVISED | {"option.enforce_eager",
                                                          "option.enable_prefix_caching"}),

@@ -260,6 +260,14 @@ class EngineCollector(Collector):
             yield from self._prefix_cache(stats)
         if "dynamic_batches" in stats:  # option.rolling_batch=disable
             yield self._dynamic_batch_size(stats)
+        if "decode_graphs_total" in stats:  # the torch engine compiling its decode step
+            yield self._one(GaugeMetricFamily(
+                "lmi_decode_graphs_ready", "Compiled decode graphs in use (of "
+                "lmi_decode_graphs_total); the decode step runs eagerly until they are",
+                labels=["model"]), stats["decode_graphs_ready"])
+            yield self._one(GaugeMetricFamily("lmi_decode_graphs_total",
+                                              "Compiled decode graphs this engine wants",
+                                              labels=["model"]), stats["decode_graphs_total"])
 
     def _one(self, metric: Any, value: float) -> Metric:
         metric.add_metric([self.model_name], value)

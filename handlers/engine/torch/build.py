@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from handlers.config import Config, chat_template_text
 from handlers.engine.base import EngineBuild
+from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
 from handlers.model_source import resolve_model_source
@@ -21,9 +22,14 @@ def build(config: Config) -> EngineBuild:
     prefill = config.max_rolling_batch_prefill_tokens
     if not config.enable_chunked_prefill:  # whole prompts: a step prefills up to the context
         prefill = max(prefill, loaded.max_model_len)
+    # vLLM's meaning: option.enforce_eager=true runs the step eagerly, without compiling it.
+    graphs = None if config.enforce_eager else DecodeGraphs.for_model(
+        loaded, config.max_rolling_batch_size, loaded.max_model_len)
+    if graphs is not None:
+        graphs.start()  # loads them from the cache, or compiles them beside the server
     engine = TorchEngine(loaded, max_batch_size=config.max_rolling_batch_size,
                          max_prefill_tokens=prefill, chat_template=chat_template_text(config),
                          stall_timeout=config.engine_stall_timeout or None,
                          prefix_cache_bytes=0 if config.enable_prefix_caching is False
-                         else PREFIX_CACHE_BYTES)
+                         else PREFIX_CACHE_BYTES, graphs=graphs)
     return EngineBuild(engine, main_loop=engine, steppable=engine)

@@ -30,6 +30,7 @@ import torch
 from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.torch import sampling
 from handlers.engine.torch.batcher import ContinuousBatcher
+from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.loader import LoadedModel
 from handlers.engine.torch.model_runner import ModelRunner
 from handlers.engine.types import (
@@ -72,7 +73,7 @@ class TorchEngine:
                  max_prefill_tokens: int = 512, chat_template: str | None = None,
                  stall_timeout: float | None = None,
                  new_runner: Callable[[], ModelRunner] | None = None,
-                 prefix_cache_bytes: int = 0) -> None:
+                 prefix_cache_bytes: int = 0, graphs: DecodeGraphs | None = None) -> None:
         self.model_name = loaded.name
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
@@ -82,7 +83,8 @@ class TorchEngine:
         self._loaded = loaded
         self._limits = (max_batch_size, max_prefill_tokens, prefix_cache_bytes)
         self._new_runner = new_runner or (
-            lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len))
+            lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len, graphs))
+        self.graphs = graphs
         self.batcher = self._new_batcher()
         self.vocab_size = self.batcher.runner.vocab_size
         self.stall_timeout = stall_timeout  # seconds one step may run; None: no limit
@@ -146,7 +148,10 @@ class TorchEngine:
         self._inbox.put(_Abort(request_id))
 
     def stats(self) -> dict[str, int]:
-        return self.batcher.stats()
+        stats = self.batcher.stats()
+        if self.graphs is not None:
+            stats.update(self.graphs.counts())
+        return stats
 
     async def start(self) -> None:
         """Run the loop in a thread of its own."""
@@ -157,6 +162,8 @@ class TorchEngine:
         """Ask the loop to end; safe from any thread and from signal handlers."""
         self._stopping = True
         self._inbox.put(None)
+        if self.graphs is not None:
+            self.graphs.close()
 
     async def shutdown(self) -> None:
         self.stop()

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from handlers.engine.torch.attention import use_slot_cache_attention
+from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.kv_cache import SavedPrefix, SlotKVCache
 from handlers.engine.torch.llama_stack import LlamaStack
@@ -34,8 +35,10 @@ class PrefillChunk:
 class ModelRunner:
     prefix_places = None  # kept prefixes are copies of their own: as many as the budget holds
 
-    def __init__(self, model: PreTrainedModel, num_slots: int, max_len: int) -> None:
+    def __init__(self, model: PreTrainedModel, num_slots: int, max_len: int,
+                 graphs: DecodeGraphs | None = None) -> None:
         self.model = model
+        self.graphs = graphs  # compiled decode steps, used for the row counts they have
         config = model.config.get_text_config()
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
@@ -89,6 +92,9 @@ class ModelRunner:
         if pad:
             slots = torch.tensor([*range(first_slot, first_slot + rows), *[first_slot] * pad])
         self.cache.bind(slots, lens[:, None], read_len)
+        graph = None if self.graphs is None or first_slot or pad else self.graphs.for_rows(rows)
+        if graph is not None:
+            return graph(ids, lens[:, None], mask, self.cache.keys, self.cache.values)
         hidden = self._forward(ids, lens[:, None], mask)
         return self._lm_head(hidden[:rows, -1]).float()
 
