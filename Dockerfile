@@ -10,6 +10,10 @@ ARG FLAVOR=cpu
 
 FROM python:3.11-slim AS base-cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+# g++: inductor compiles the CPU decode step's kernels at startup (decode_graphs.py); without
+# it the step stays eager.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 # The CPU wheel index: PyPI's default torch wheel carries ~3 GB of CUDA libraries.
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 

@@ -25,8 +25,6 @@ def build(config: Config) -> EngineBuild:
     # vLLM's meaning: option.enforce_eager=true runs the step eagerly, without compiling it.
     graphs = None if config.enforce_eager else DecodeGraphs.for_model(
         loaded, config.max_rolling_batch_size, loaded.max_model_len)
-    if graphs is not None:
-        graphs.start()  # loads them from the cache, or compiles them beside the server
     engine = TorchEngine(loaded, max_batch_size=config.max_rolling_batch_size,
                          max_prefill_tokens=prefill, chat_template=chat_template_text(config),
                          stall_timeout=config.engine_stall_timeout or None,

@@ -172,6 +172,12 @@ class TorchEngine:
 
     # -- supervision (SupervisedLoop) -------------------------------------------------------------
 
+    def _start_graphs(self) -> None:
+        """Load or compile the decode graphs once serving begins, not while the server starts:
+        loading holds the GIL for seconds."""
+        if self.graphs is not None:
+            self.graphs.start()
+
     def stalled(self) -> bool:
         """Whether the step running now has run past `stall_timeout`."""
         began = self._step_began
@@ -198,6 +204,7 @@ class TorchEngine:
     # -- stepping from the caller's thread (SteppableEngine) --------------------------------------
 
     def add(self, request: GenerationRequest) -> None:
+        self._start_graphs()
         if request.prompt_token_ids is None:  # as generate(): never an untokenized prompt
             self.validate(request)
         self.batcher.add(request)
@@ -219,6 +226,7 @@ class TorchEngine:
         """Step while there is work, sleep on the inbox while there is none, until `stop()`
         or a failure (then `failure` says which)."""
         self._running = True
+        self._start_graphs()
         try:
             self._run()
         except Exception as exc:  # the batcher's state is no longer trusted: fail everything
