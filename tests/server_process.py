@@ -26,7 +26,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(*options: str, log_path: Path | None = None,
-                   env: dict[str, str] | None = None, timeout: float = 180,
+                   env: dict[str, str | None] | None = None, timeout: float = 180,
                    grpc_port: int = 0, program: tuple[str, ...] = ("-m", "handlers.cli"),
                    ) -> Iterator[str]:
     """Start the server with `--option KEY=VALUE` flags (and gRPC on `grpc_port`, 0: off);
@@ -38,19 +38,21 @@ def running_server(*options: str, log_path: Path | None = None,
 
 @contextlib.contextmanager
 def server_process(*options: str, log_path: Path | None = None,
-                   env: dict[str, str] | None = None, timeout: float = 180,
+                   env: dict[str, str | None] | None = None, timeout: float = 180,
                    grpc_port: int = 0, program: tuple[str, ...] = ("-m", "handlers.cli"),
                    ) -> Iterator[tuple[subprocess.Popen, str]]:
     """As `running_server`, yielding the process too (`program`: what python runs, the
-    lmi-serve module or a script that wraps it); SIGTERM at the end if it still runs."""
+    lmi-serve module or a script that wraps it); SIGTERM at the end if it still runs. `env`
+    adds to this process's environment; a None value removes that variable."""
     port = free_port()
     argv = [sys.executable, *program, "--host", "127.0.0.1", "--port", str(port),
             "--grpc-port", str(grpc_port)]
     for option in options:
         argv += ["--option", option]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    merged = {**os.environ, **(env or {})}  # a None in `env` removes the variable
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
+                            env={k: v for k, v in merged.items() if v is not None})
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(proc, url, timeout)

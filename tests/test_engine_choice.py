@@ -46,6 +46,8 @@ def test_auto_runs_llama_cpp_for_the_embedded_gguf_when_installed(tmp_path, llam
         "llamacpp", "a GGUF model on the CPU, and llama-cpp-python is installed")
     named = config(tmp_path, "option.model_id=/models/Other.Q8_0.gguf")
     assert registry.check(named).name == "llamacpp"
+    # What the torch engine's compiled step turns off, llama.cpp never does: still llama.cpp.
+    assert registry.check(config(tmp_path, "option.enforce_eager=true")).name == "llamacpp"
 
 
 def test_auto_logs_its_choice(tmp_path, llama_cpp_installed, caplog, monkeypatch):
@@ -80,7 +82,8 @@ def test_llamacpp_without_llama_cpp_stops_startup(tmp_path, llama_cpp_missing):
                                     "option.max_rolling_batch_prefill_tokens=256",
                                     "option.max_model_len=1024", "option.engine_restart=false",
                                     "option.engine_stall_timeout=30", "option.device=cpu",
-                                    "option.enable_chunked_prefill=false"])
+                                    "option.enable_chunked_prefill=false",
+                                    "option.enforce_eager=true"])  # it compiles nothing
 def test_llamacpp_takes_its_settings(tmp_path, llama_cpp_installed, option):
     assert registry.check(config(tmp_path, "option.rolling_batch=llamacpp", option)).name == \
         "llamacpp"

@@ -27,6 +27,8 @@ class EngineEntry:
     name: str
     module: str  # has `build(config) -> EngineBuild`
     supports: frozenset[str]  # the engine settings (Setting.engine) that take effect with it
+    # (field, value) pairs that ask the engine for what it does anyway: accepted like defaults
+    inherent: frozenset[tuple[str, object]] = frozenset()
 
 
 _ROLLING = frozenset({"option.max_rolling_batch_size", "option.max_rolling_batch_prefill_tokens",
@@ -49,9 +51,11 @@ ENGINES = {
                         _ROLLING | _HF | _GPU | {"option.engine_stall_timeout",
                                                  "option.lora_modules"}),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
+    # It compiles nothing: option.enforce_eager=true asks it for what it does.
     "llamacpp": EngineEntry("llamacpp", "handlers.engine.llamacpp.build",
                             _ROLLING | _SUPERVISED | {"option.device",
-                                                      "option.enable_prefix_caching"}),
+                                                      "option.enable_prefix_caching"},
+                            inherent=frozenset({("enforce_eager", True)})),
 }
 # option.rolling_batch -> engine; `disable` runs LMI's dynamic batching over the default one;
 # `auto` is decided by auto_engine().
@@ -69,7 +73,7 @@ def auto_engine(config: Config) -> tuple[str, str]:
     if importlib.util.find_spec("llama_cpp") is None:
         return "torch", "llama-cpp-python is not installed (the `llamacpp` extra)"
     given = [s.key for s in SETTINGS if s.engine and s.key not in ENGINES["llamacpp"].supports
-             and _departs(config, s)]
+             and _departs(config, s, ENGINES["llamacpp"])]
     if given:
         return "torch", f"set: {', '.join(given)}, which only the torch engine supports"
     return "llamacpp", "a GGUF model on the CPU, and llama-cpp-python is installed"
@@ -92,7 +96,8 @@ def check(config: Config) -> EngineEntry:
         name, (_text, source) = next(iter(config.engine_args.items()))
         raise unknown_key(f"option.{name}", source)
     for setting in SETTINGS:
-        if setting.engine and setting.key not in entry.supports and _departs(config, setting):
+        if setting.engine and setting.key not in entry.supports and _departs(config, setting,
+                                                                             entry):
             _refuse(config, setting, entry)
     if config.adapters and entry.name != "vllm":
         _refuse_adapters(config, entry)
@@ -124,9 +129,11 @@ def build(config: Config) -> EngineBuild:
     return loader(config)()
 
 
-def _departs(config: Config, setting: Setting) -> bool:
-    """Whether the setting asks for other than the default (SageMaker sets the parallel degree
-    to its GPU count: `max`, or the count, on one device or none means the default)."""
+def _departs(config: Config, setting: Setting, entry: EngineEntry) -> bool:
+    """Whether the setting asks `entry` for other than the default (SageMaker sets the parallel
+    degree to its GPU count: `max`, or the count, on one device or none means the default)."""
+    if (setting.field, getattr(config, setting.field)) in entry.inherent:
+        return False
     if setting.field == "tensor_parallel_degree":
         return config.tensor_parallel_degree not in (1, "max") or (
             config.tensor_parallel_degree == "max" and _gpu_count() > 1)
