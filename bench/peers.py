@@ -192,7 +192,10 @@ def wait_decode_graphs(proc: subprocess.Popen, url: str, timeout: float, log: Pa
     while time.monotonic() - began < timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"{url}: exited {proc.returncode}; see {log}")
-        text = httpx.get(f"{url}/metrics", timeout=10).text
+        try:
+            text = httpx.get(f"{url}/metrics", timeout=30).text
+        except httpx.HTTPError:  # busy loading them
+            continue
         found = {s.name: s.value for f in text_string_to_metric_families(text)
                  for s in f.samples if s.name.startswith("lmi_decode_graphs_")}
         if found.get("lmi_decode_graphs_ready") == found.get("lmi_decode_graphs_total"):
