@@ -9,7 +9,8 @@ per-op Python: measured 24 vs 42 ms per one-row step, 66 vs 94 at 16 rows.
 Compiling takes minutes (each GEMM candidate is C++ compiled and timed), and compiling in the
 server's own process starved its serving of the GIL (eager steps 8-80x slower meanwhile). So a
 niced subprocess exports the step (`torch.export`, rows and lengths dynamic) and packages it with
-AOTInductor into the cache directory, keyed by the weights, torch, the CPU and this code; the
+AOTInductor into the cache directory (decode_step.py), keyed by the weights, torch, the CPU and
+the code compiled; the
 server serves eagerly until a package appears, then loads it and decodes through it. A restart
 finds the packages and loads them in a second or two. Two graphs: one row (the GEMV shape
 autotuned for itself) and 2..slots rows.
@@ -18,8 +19,6 @@ autotuned for itself) and 2..slots rows.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -30,7 +29,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -38,35 +36,19 @@ import torch
 from torch import nn
 from transformers import LlamaForCausalLM
 
+from handlers.engine.torch import decode_step
+from handlers.engine.torch.decode_step import GraphSpec, graph_specs
 from handlers.engine.torch.loader import LoadedModel
 from handlers.model_fetch import default_cache_dir
 
 log = logging.getLogger(__name__)
 
-# Inductor's settings live in the thread that compiles (set elsewhere they do not reach it):
-# frozen weights, prepacked for the C++ GEMM template, each GEMM's kernel chosen by timing.
-INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 # Free memory wanted, in weights: the subprocess's model and its frozen copy, then the two
 # loaded graphs, each holding ~2x the weights (AOTInductor keeps the original weights beside the
 # packed ones it reads).
 MEMORY_FACTOR = 6
-_CODE = ("decode_graphs.py", "llama_stack.py", "attention.py", "fused_projections.py")
+_CODE = ("decode_step.py", "llama_stack.py", "attention.py", "fused_projections.py")
 Graph = Callable[..., torch.Tensor]
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    name: str
-    min_rows: int
-    max_rows: int
-    example_rows: int  # the row count autotuning times the GEMMs at
-
-
-def graph_specs(num_slots: int) -> list[GraphSpec]:
-    specs = [GraphSpec("rows-1", 1, 1, 1)]
-    if num_slots >= 2:
-        specs.append(GraphSpec(f"rows-2-{num_slots}", 2, num_slots, min(16, num_slots)))
-    return specs
 
 
 class DecodeGraphs:
@@ -148,7 +130,7 @@ class DecodeGraphs:
         job = {**self._job, "directory": str(self.directory), "graphs": [s.name for s in pending]}
         with compile_log.open("ab") as sink:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__, json.dumps(job)], stdout=sink,
+                [sys.executable, "-m", decode_step.__name__, json.dumps(job)], stdout=sink,
                 stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
         while pending:
             finished = self._process.poll() is not None  # before looking: files it left count
@@ -210,103 +192,3 @@ def _key(model: nn.Module, job: dict) -> str:
             digest.update(f"{name}{tuple(tensor.shape)}{tensor.float().sum().item()!r}".encode())
             digest.update(sample)
     return digest.hexdigest()[:24]
-
-
-# --- the subprocess ------------------------------------------------------------------------------
-
-
-class _CacheViews:
-    """The slot cache as the compiled step sees it: buffer lists it writes into (rows in slots
-    0..B-1, at `positions`) and reads the first `read_len` positions of."""
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor],
-                 positions: torch.Tensor, read_len: int) -> None:
-        self.keys, self.values, self.positions, self.read_len = keys, values, positions, read_len
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer: int):
-        rows = key.shape[0]
-        index = torch.arange(rows, device=key.device)[:, None]
-        k_buf, v_buf = self.keys[layer], self.values[layer]
-        k_buf[index, :, self.positions] = key.transpose(1, 2)
-        v_buf[index, :, self.positions] = value.transpose(1, 2)
-        return k_buf[:rows, :, : self.read_len], v_buf[:rows, :, : self.read_len]
-
-
-class DecodeStep(nn.Module):
-    """ModelRunner.decode's forward pass over slots 0..B-1: float32 logits [B, V]."""
-
-    def __init__(self, model: nn.Module) -> None:
-        from handlers.engine.torch.llama_stack import LlamaStack
-
-        super().__init__()
-        self.model = model  # registers the weights the stack reads
-        self.stack = LlamaStack.of(model)
-        if self.stack is None:
-            raise ValueError("not a Llama with fused projections")
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        cache = _CacheViews(keys, values, positions, mask.shape[-1])
-        hidden = self.stack.forward(ids, positions, mask, cache)
-        return self.model.get_output_embeddings()(hidden[:, -1]).float()
-
-
-def export_step(step: DecodeStep, spec: GraphSpec, num_slots: int, max_len: int,
-                layers: tuple[int, int, int]) -> torch.export.ExportedProgram:
-    """`step` exported for `spec`'s rows, any cache capacity and read length up to max_len;
-    `layers`: (count, KV heads, head size)."""
-    from torch.export import Dim
-
-    count, heads, head_dim = layers
-    rows, seen = spec.example_rows, 64
-    capacity = max(seen, min(256, max_len))
-    buffers = [torch.zeros(num_slots, heads, capacity, head_dim) for _ in range(2 * count)]
-    example = (torch.zeros(rows, 1, dtype=torch.long), torch.full((rows, 1), seen - 1),
-               torch.zeros(rows, 1, 1, seen), buffers[:count], buffers[count:])
-    row_dim = Dim("rows", min=spec.min_rows, max=spec.max_rows) if spec.max_rows > 1 \
-        else Dim.STATIC
-    length = Dim("length", min=2, max=max_len)
-    cache = [{2: Dim("capacity", min=2, max=max_len)}] * count
-    shapes = ({0: row_dim}, {0: row_dim}, {0: row_dim, 3: length}, cache, cache)
-    with torch.no_grad():
-        return torch.export.export(step, example, dynamic_shapes=shapes, strict=False)
-
-
-def compile_graphs(job: dict) -> None:
-    from handlers.engine.torch.fused_projections import fuse_projections
-    from handlers.engine.torch.loader import load_model
-
-    directory = Path(job["directory"])
-    with (directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another server compiling the same: wait for it
-        wanted = [s for s in graph_specs(job["num_slots"]) if s.name in job["graphs"]
-                  and not (directory / f"{s.name}.pt2").exists()]
-        if not wanted:
-            return
-        loaded = load_model(Path(job["source"]), dtype=job["dtype"], device="cpu",
-                            max_model_len=job["max_model_len"])
-        fuse_projections(loaded.model)
-        step = DecodeStep(loaded.model).eval()
-        config = loaded.model.config
-        heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
-        layers = (config.num_hidden_layers, heads, step.stack.head_dim)
-        for spec in wanted:
-            _package(step, spec, job, layers, directory)
-
-
-def _package(step: DecodeStep, spec: GraphSpec, job: dict, layers: tuple[int, int, int],
-             directory: Path) -> None:
-    began = time.perf_counter()
-    program = export_step(step, spec, job["num_slots"], job["max_len"], layers)
-    partial = directory / f"{spec.name}.partial.pt2"
-    with torch._inductor.config.patch(INDUCTOR):
-        torch._inductor.aoti_compile_and_package(program, package_path=str(partial),
-                                                 inductor_configs=INDUCTOR)
-    os.replace(partial, directory / f"{spec.name}.pt2")  # whole, or not there
-    print(f"{spec.name}: compiled in {time.perf_counter() - began:.0f} s", flush=True)
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    with contextlib.suppress(KeyboardInterrupt):
-        compile_graphs(json.loads(sys.argv[1]))
