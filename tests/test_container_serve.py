@@ -49,6 +49,9 @@ def container(tmp_path_factory) -> Iterator[Container]:
     # The venv's `lmi-serve` on PATH, as the image's pip install puts it there.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["SAGEMAKER_BIND_TO_PORT"] = str(port)
+    # Eager, as every test server (tests/conftest.py): a decode-graph compile beside it slowed
+    # the drain past the test's 30 s on CI.
+    env["OPTION_ENFORCE_EAGER"] = "true"
     with open(workdir / "serve.log", "wb") as log:
         proc = subprocess.Popen([str(SERVE), "serve"], cwd=workdir, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
