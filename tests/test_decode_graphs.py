@@ -1,13 +1,15 @@
 """The compiled CPU decode step (handlers/engine/torch/decode_graphs.py) on the tiny Llama:
 compiled for real in its subprocess (a few minutes, once per module), it gives the eager step's
-tokens and logits at one row and at several; a second start loads the cached packages without
-compiling; a compile that fails leaves the eager step serving; and a server with the default
-option.enforce_eager=false decodes through the graphs and answers as an eager one does."""
+tokens and logits at one row and at several; the constants are stored once, beside the code,
+and mapped; a second start loads the cached packages without compiling; a compile that fails
+leaves the eager step serving; and a server with the default option.enforce_eager=false
+decodes through the graphs and answers as an eager one does."""
 
 from __future__ import annotations
 
 import logging
 import time
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,7 @@ from server_process import running_server
 from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch.decode_graphs import DecodeGraphs
+from handlers.engine.torch.graph_constants import SUFFIX
 from handlers.engine.torch.loader import LoadedModel, load_model
 from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
 
@@ -82,6 +85,22 @@ def test_a_second_start_loads_the_cached_graphs_without_compiling(tiny_dir, cach
     assert graphs.directory == compiled[1].directory
     assert sum("loaded in" in r.message for r in caplog.records) == 2
     assert not any("compiling" in r.message for r in caplog.records)
+
+
+def test_the_constants_are_stored_once_beside_the_code_and_mapped(compiled):
+    directory = compiled[1].directory
+    for package in directory.glob("*.pt2"):
+        with zipfile.ZipFile(package) as archive:
+            assert not [n for n in archive.namelist() if "/data/weights/" in n]
+    paths = sorted(directory.glob(f"*{SUFFIX}"))
+    mapped = Path("/proc/self/maps").read_text()  # by the graphs: the test has not loaded them
+    stores = [torch.load(p, mmap=True, weights_only=True) for p in paths]
+    assert len(stores) == 2
+    first, second = (set(s["tensors"]) for s in stores)
+    assert not first & second  # each distinct tensor once
+    assert set().union(*(s["names"].values() for s in stores)) == first | second
+    assert len(first | second) < sum(len(s["names"]) for s in stores)  # the graphs share some
+    assert all(str(p) in mapped for p, s in zip(paths, stores, strict=True) if s["tensors"])
 
 
 def test_other_weights_or_batch_slots_get_graphs_of_their_own(tiny_dir, cache_dir):

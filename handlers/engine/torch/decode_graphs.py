@@ -12,7 +12,8 @@ niced subprocess exports the step (`torch.export`, rows and lengths dynamic) and
 AOTInductor into the cache directory (decode_step.py), keyed by the weights, torch, the CPU and
 the code compiled; the server serves eagerly until a package appears, then loads it and decodes
 through it. A restart finds the packages and loads them in a few seconds. Two graphs: one row
-(the GEMV shape autotuned for itself) and 2..slots rows.
+(the GEMV shape autotuned for itself) and 2..slots rows; their constants are mapped from files
+beside them (graph_constants.py).
 """
 
 from __future__ import annotations
@@ -35,18 +36,19 @@ import torch
 from torch import nn
 from transformers import LlamaForCausalLM
 
-from handlers.engine.torch import decode_step
+from handlers.engine.torch import decode_step, graph_constants
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
+from handlers.engine.torch.graph_constants import ConstantStore
 from handlers.engine.torch.loader import LoadedModel
 from handlers.model_fetch import default_cache_dir
 
 log = logging.getLogger(__name__)
 
-# Free memory wanted, in weights: the subprocess's model and its frozen copy, then the two
-# loaded graphs, each holding ~2x the weights (AOTInductor keeps the original weights beside the
-# packed ones it reads).
+# Free memory wanted, in weights: the subprocess's model, its frozen copy and the constants it
+# stores, then the graphs' mapped constants (the packed weights, once for both).
 MEMORY_FACTOR = 6
-_CODE = ("decode_step.py", "llama_stack.py", "attention.py", "fused_projections.py")
+_CODE = ("decode_step.py", "llama_stack.py", "attention.py", "fused_projections.py",
+         "graph_constants.py")
 Graph = Callable[..., torch.Tensor]
 
 
@@ -57,6 +59,7 @@ class DecodeGraphs:
     def __init__(self, directory: Path, job: dict, specs: list[GraphSpec]) -> None:
         self.directory, self._job, self._specs = directory, job, specs
         self._graphs: dict[str, Graph] = {}
+        self._constants = ConstantStore(directory)
         self._process: subprocess.Popen | None = None
         self.ready = threading.Event()  # every graph loaded, or given up on
         self._thread = threading.Thread(target=self._run, name="decode-graphs", daemon=True)
@@ -114,9 +117,12 @@ class DecodeGraphs:
         if not path.exists():
             return False
         began = time.perf_counter()
-        _read_ahead(path)
-        self._graphs[spec.name] = torch._inductor.aoti_load_package(str(path))
+        for file in path, self.directory / f"{spec.name}{graph_constants.SUFFIX}":
+            _read_ahead(file)
+        graph = torch._inductor.aoti_load_package(str(path))
         _remove_extracted()
+        self._constants.attach(graph, spec.name)
+        self._graphs[spec.name] = graph
         log.info("decode graph %s ready (%s, loaded in %.1f s)", spec.name, path,
                  time.perf_counter() - began)
         return True

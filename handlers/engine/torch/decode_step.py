@@ -2,8 +2,9 @@
 
 What `decode_graphs.py` loads: ModelRunner.decode's forward pass (the Llama stack, its KV writes
 into the cache's own buffers, the LM head) exported with `torch.export` for a range of rows, any
-read length and cache capacity, then packaged by AOTInductor over frozen weights. The packages'
-cache key hashes this file, so what changes the compiled code changes the key.
+read length and cache capacity, then packaged by AOTInductor over frozen weights, the constants
+in a file of their own. The packages' cache key hashes this file, so what changes the compiled
+code changes the key.
 
 Run as `python -m handlers.engine.torch.decode_step JOB` (JSON): loads the model as the server
 did, compiles the graphs the job names into its directory, one at a time, each appearing whole.
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from handlers.engine.torch import graph_constants
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.llama_stack import LlamaStack
 from handlers.engine.torch.loader import load_model
@@ -31,6 +33,10 @@ from handlers.engine.torch.loader import load_model
 # Inductor's settings live in the thread that compiles (set elsewhere they do not reach it):
 # frozen weights, prepacked for the C++ GEMM template, each GEMM's kernel chosen by timing.
 INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# The constants pickled beside the code, not in it: graph_constants.py moves them to a file the
+# server maps.
+PACKAGING = {"aot_inductor.package_constants_in_so": False,
+             "aot_inductor.package_constants_on_disk_format": "pickle_weights"}
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,8 @@ def _package(step: DecodeStep, spec: GraphSpec, job: dict, layers: tuple[int, in
     partial = directory / f"{spec.name}.partial.pt2"
     with torch._inductor.config.patch(INDUCTOR):
         torch._inductor.aoti_compile_and_package(program, package_path=str(partial),
-                                                 inductor_configs=INDUCTOR)
+                                                 inductor_configs={**INDUCTOR, **PACKAGING})
+    graph_constants.split(partial, spec.name, directory)
     os.replace(partial, directory / f"{spec.name}.pt2")  # whole, or not there
     print(f"{spec.name}: compiled in {time.perf_counter() - began:.0f} s", flush=True)
 

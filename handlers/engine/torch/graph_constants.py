@@ -1,0 +1,99 @@
+"""The compiled decode graphs' constants, stored beside their packages and mapped, not copied.
+
+AOTInductor puts a graph's constants (the weights, and the copies its GEMMs read, prepacked) in
+its shared library and copies them into memory when loading: each of the two graphs held twice
+the weights, 2.2 GB of anonymous memory for SmolLM2's 0.54 GB, most of it originals the packed
+kernels never read. Here they are compiled out of the library (`pickle_weights`), then moved
+into one file per graph, each distinct tensor stored once per directory (the graphs share most
+packed weights), and the server maps those files read-only and hands the tensors to the graph
+(`user_managed`): only the pages a graph reads become resident, as page cache that servers on
+the same machine share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from torch.export.pt2_archive._package import AOTICompiledModel
+
+SUFFIX = ".constants.pt"
+
+
+def split(package: Path, name: str, directory: Path) -> None:
+    """Move the constants AOTInductor pickled into `package` to `directory/<name>.constants.pt`,
+    leaving out the tensors another graph's file there has."""
+    known = {key for path in directory.glob(f"*{SUFFIX}") for key in _load(path)["tensors"]}
+    tensors: dict[str, torch.Tensor] = {}
+    names: dict[str, str] = {}
+    for fqn, tensor in _pickled(package):
+        names[fqn] = key = _content_key(tensor)
+        if key not in known:
+            tensors[key] = tensor
+    partial = directory / f"{name}{SUFFIX}.partial"
+    torch.save({"tensors": tensors, "names": names}, partial)
+    os.replace(partial, directory / f"{name}{SUFFIX}")
+    _strip(package)
+
+
+class ConstantStore:
+    """The constant files of one directory, mapped once and kept alive while graphs use them."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: dict[Path, dict] = {}
+
+    def attach(self, graph: AOTICompiledModel, name: str) -> None:
+        """Give `graph` (the package `name`) its constants, mapped from the files."""
+        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+            if path not in self._files:
+                self._files[path] = _load(path)
+        tensors = {k: t for saved in self._files.values() for k, t in saved["tensors"].items()}
+        names = self._files[self.directory / f"{name}{SUFFIX}"]["names"]
+        graph.load_constants({fqn: tensors[key] for fqn, key in names.items()},
+                             check_full_update=True, user_managed=True)
+
+
+def _load(path: Path) -> dict:
+    return torch.load(path, mmap=True, weights_only=True)
+
+
+def _pickled(package: Path):
+    """(name, tensor) for each constant in the package, one pickled file in memory at a time."""
+    with zipfile.ZipFile(package) as archive:
+        config = next(n for n in archive.namelist() if n.endswith("/weights_config.json"))
+        root = config.split("/", 1)[0]
+        by_file: dict[str, list] = defaultdict(list)
+        for fqn, (file, shape, stride, offset) in json.loads(archive.read(config)).items():
+            by_file[file].append((fqn, shape, stride, offset))
+        for file, entries in by_file.items():
+            data = archive.read(f"{root}/data/weights/{file}")
+            whole = torch.load(io.BytesIO(data), weights_only=True)
+            for fqn, shape, stride, offset in entries:  # its own storage, in the same layout
+                view = whole.as_strided(shape, stride, offset)
+                yield fqn, torch.empty_strided(shape, stride, dtype=view.dtype).copy_(view)
+
+
+def _content_key(tensor: torch.Tensor) -> str:
+    digest = hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}{tensor.stride()}".encode())
+    digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()[:32]
+
+
+def _strip(package: Path) -> None:
+    """Rewrite `package` without its pickled constants: the code and its metadata stay."""
+    stripped = package.with_name(package.name + ".stripped")
+    with zipfile.ZipFile(package) as source, zipfile.ZipFile(stripped, "w") as target:
+        for info in source.infolist():
+            if "/data/weights/" not in info.filename:
+                target.writestr(info, source.read(info))
+    os.replace(stripped, package)
