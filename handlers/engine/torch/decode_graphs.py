@@ -11,7 +11,7 @@ server's own process starved its serving of the GIL (eager steps 8-80x slower me
 niced subprocess exports the step (`torch.export`, rows and lengths dynamic) and packages it with
 AOTInductor into the cache directory (decode_step.py), keyed by the weights, torch, the CPU and
 the code compiled; the server serves eagerly until a package appears, then loads it and decodes
-through it. A restart finds the packages and loads them in a few seconds. Two graphs: one row
+through it. A restart finds the packages and loads them in about a second. Two graphs: one row
 (the GEMV shape autotuned for itself) and 2..slots rows; their constants are mapped from files
 beside them (graph_constants.py).
 """

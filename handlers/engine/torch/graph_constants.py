@@ -31,8 +31,9 @@ SUFFIX = ".constants.pt"
 
 def split(package: Path, name: str, directory: Path) -> None:
     """Move the constants AOTInductor pickled into `package` to `directory/<name>.constants.pt`,
-    leaving out the tensors another graph's file there has."""
-    known = {key for path in directory.glob(f"*{SUFFIX}") for key in _load(path)["tensors"]}
+    leaving out the tensors the file of another graph there, compiled whole, has."""
+    known = {key for path in _stores(directory) if path.name != f"{name}{SUFFIX}"
+             for key in _load(path)["tensors"]}
     tensors: dict[str, torch.Tensor] = {}
     names: dict[str, str] = {}
     for fqn, tensor in _pickled(package):
@@ -54,13 +55,20 @@ class ConstantStore:
 
     def attach(self, graph: AOTICompiledModel, name: str) -> None:
         """Give `graph` (the package `name`) its constants, mapped from the files."""
-        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+        for path in _stores(self.directory):
             if path not in self._files:
                 self._files[path] = _load(path)
         tensors = {k: t for saved in self._files.values() for k, t in saved["tensors"].items()}
         names = self._files[self.directory / f"{name}{SUFFIX}"]["names"]
         graph.load_constants({fqn: tensors[key] for fqn, key in names.items()},
                              check_full_update=True, user_managed=True)
+
+
+def _stores(directory: Path) -> list[Path]:
+    """The constant files of the graphs whose package is there (a compile cut short between
+    writing the one and the other leaves a file no graph uses yet)."""
+    return [path for path in sorted(directory.glob(f"*{SUFFIX}"))
+            if path.with_name(path.name.removesuffix(SUFFIX) + ".pt2").exists()]
 
 
 def _load(path: Path) -> dict:
