@@ -38,7 +38,6 @@ from transformers import LlamaForCausalLM
 
 from handlers.engine.torch import decode_step, graph_constants
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
-from handlers.engine.torch.graph_constants import ConstantStore
 from handlers.engine.torch.loader import LoadedModel
 from handlers.model_fetch import default_cache_dir
 
@@ -59,7 +58,7 @@ class DecodeGraphs:
     def __init__(self, directory: Path, job: dict, specs: list[GraphSpec]) -> None:
         self.directory, self._job, self._specs = directory, job, specs
         self._graphs: dict[str, Graph] = {}
-        self._constants = ConstantStore(directory)
+        self._constants = graph_constants.ConstantStore(directory)
         self._process: subprocess.Popen | None = None
         self.ready = threading.Event()  # every graph loaded, or given up on
         self._thread = threading.Thread(target=self._run, name="decode-graphs", daemon=True)
