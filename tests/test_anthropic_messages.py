@@ -225,3 +225,13 @@ def test_a_stop_sequence_streamed_early_in_pieces_never_reaches_the_client():
     [end] = [e["delta"] for e in events if e["type"] == "message_delta"]
     assert "".join(texts) == "Hello "
     assert end == {"stop_reason": "stop_sequence", "stop_sequence": "STOP"}
+
+
+def test_a_content_block_whose_type_is_not_a_string_is_a_bad_request(keyed_url):
+    """/invocations routes `messages` by their blocks' types: one that is a list (found by the
+    fuzzer) is OpenAI chat's invalid request, not a server error."""
+    body = {"messages": [{"role": "user", "content": [{"type": []}]}], "max_tokens": 3}
+    answer = httpx.post(f"{keyed_url}/invocations", json=body, timeout=60,
+                        headers={"Authorization": "Bearer s3cret"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] is not None

@@ -120,7 +120,7 @@ def content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
     for j, part in enumerate(content):
         param = f"{where}.content[{j}]"
         kind = part.get("type")
-        if kind in MEDIA_PARTS:
+        if isinstance(kind, str) and kind in MEDIA_PARTS:
             raise OpenAIError(f"{param}.type: this model is text-only; {kind} content is not "
                               "supported", f"{param}.type", code="invalid_value")
         if kind != "text":

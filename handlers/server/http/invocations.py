@@ -80,8 +80,8 @@ def _has_anthropic_blocks(messages: Any) -> bool:
     for message in messages if isinstance(messages, list) else ():
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list) and any(
-                isinstance(block, dict) and block.get("type") in ANTHROPIC_ONLY_BLOCKS
-                for block in content):
+                isinstance(block, dict) and isinstance(block.get("type"), str)
+                and block["type"] in ANTHROPIC_ONLY_BLOCKS for block in content):
             return True
     return False
 
