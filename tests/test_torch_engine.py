@@ -1,6 +1,7 @@
 """The continuous-batching torch engine on a tiny random-weight Llama with the real tokenizer.
 
-Greedy output is checked token for token against Hugging Face `generate()` on the same model,
+Greedy output is checked token for token against Hugging Face `generate()` on transformers' own
+model of the same checkpoint,
 alone, in a batch that others join mid-flight, and with prompts prefilled in small chunks.
 """
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from engine_requests import prompt_moved_mid_prefill, random_schedule, run
 from tiny_model import make_tiny_model_dir
+from transformers import AutoModelForCausalLM
 
 from handlers.engine.torch import sampling
 from handlers.engine.torch.engine import TorchEngine
@@ -49,30 +51,36 @@ async def engine(loaded, request):
     await eng.shutdown()
 
 
-def hf_greedy(loaded, prompt: str | list[int], n: int) -> list[int]:
+@pytest.fixture(scope="module")
+def reference(loaded):
+    """transformers' own model of the same checkpoint: what the engine's tokens are checked by."""
+    return AutoModelForCausalLM.from_pretrained(loaded.source, dtype=torch.float32).eval()
+
+
+def hf_greedy(reference, loaded, prompt: str | list[int], n: int) -> list[int]:
     ids = loaded.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) \
         else prompt
     with torch.inference_mode():
-        out = loaded.model.generate(
+        out = reference.generate(
             torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
             max_new_tokens=n, min_new_tokens=n, do_sample=False,
         )
     return out[0, len(ids):].tolist()
 
 
-async def test_greedy_matches_generate(engine, loaded):
+async def test_greedy_matches_generate(reference, engine, loaded):
     for prompt in PROMPTS:
         [seq] = await run(engine, prompt, max_new_tokens=24, ignore_eos=True)
-        assert seq["ids"] == hf_greedy(loaded, prompt, 24)
+        assert seq["ids"] == hf_greedy(reference, loaded, prompt, 24)
         assert seq["finish"] == FinishReason.LENGTH
 
 
 @pytest.mark.parametrize("engine", [{"max_prefill_tokens": 7}], indirect=True)
-async def test_chunked_prefill_matches_generate(engine, loaded):
+async def test_chunked_prefill_matches_generate(reference, engine, loaded):
     results = await asyncio.gather(*(run(engine, p, max_new_tokens=16, ignore_eos=True)
                                      for p in PROMPTS))
     for prompt, [seq] in zip(PROMPTS, results, strict=True):
-        assert seq["ids"] == hf_greedy(loaded, prompt, 16)
+        assert seq["ids"] == hf_greedy(reference, loaded, prompt, 16)
 
 
 SYSTEM = " ".join(PROMPTS[:3]) * 2  # a shared "system prompt" of several 16-token blocks
@@ -80,13 +88,13 @@ SYSTEM = " ".join(PROMPTS[:3]) * 2  # a shared "system prompt" of several 16-tok
 
 @pytest.mark.parametrize("engine", [{"prefix_cache_bytes": 64 << 20, "max_prefill_tokens": 20}],
                          indirect=True)
-async def test_prompts_sharing_a_prefix_prefill_only_what_is_new(engine, loaded):
+async def test_prompts_sharing_a_prefix_prefill_only_what_is_new(reference, engine, loaded):
     """A prompt that begins as an earlier one did starts from its cached keys/values, and
     answers exactly as Hugging Face generate() does from scratch."""
     shared = len(loaded.tokenizer.encode(SYSTEM, add_special_tokens=False))
     for prompt in (SYSTEM + " Question one?", SYSTEM + " And a second one.", SYSTEM):
         [seq] = await run(engine, prompt, max_new_tokens=12, ignore_eos=True)
-        assert seq["ids"] == hf_greedy(loaded, prompt, 12)
+        assert seq["ids"] == hf_greedy(reference, loaded, prompt, 12)
     stats = engine.stats()
     # the second found all of SYSTEM (and the space after it); the third, SYSTEM but its end
     assert stats["prefix_cache_hits"] >= 2 * (shared - 1)
@@ -95,7 +103,7 @@ async def test_prompts_sharing_a_prefix_prefill_only_what_is_new(engine, loaded)
     assert engine.stats()["prefix_cache_hits"] == stats["prefix_cache_hits"]  # none reused
 
 
-async def test_requests_join_mid_flight(engine, loaded):
+async def test_requests_join_mid_flight(reference, engine, loaded):
     """A request that arrives while another decodes starts at once, and both stay exact."""
     long_req = GenerationRequest(prompt=PROMPTS[0],
                                  params=SamplingParams(max_new_tokens=120, ignore_eos=True))
@@ -111,16 +119,16 @@ async def test_requests_join_mid_flight(engine, loaded):
         late_finished_while_long_ran = False
     assert late_finished_while_long_ran, "the late request waited for the long one"
     [seq] = await late
-    assert seq["ids"] == hf_greedy(loaded, PROMPTS[1], 10)
-    assert long_ids == hf_greedy(loaded, PROMPTS[0], len(long_ids))
+    assert seq["ids"] == hf_greedy(reference, loaded, PROMPTS[1], 10)
+    assert long_ids == hf_greedy(reference, loaded, PROMPTS[0], len(long_ids))
 
 
 @pytest.mark.parametrize("engine", [{"max_batch_size": 2}], indirect=True)
-async def test_more_requests_than_slots_all_complete(engine, loaded):
+async def test_more_requests_than_slots_all_complete(reference, engine, loaded):
     results = await asyncio.gather(*(run(engine, p, max_new_tokens=8, ignore_eos=True)
                                      for p in PROMPTS))
     for prompt, [seq] in zip(PROMPTS, results, strict=True):
-        assert seq["ids"] == hf_greedy(loaded, prompt, 8)
+        assert seq["ids"] == hf_greedy(reference, loaded, prompt, 8)
     assert engine.batcher.running == 0
 
 
@@ -196,11 +204,11 @@ async def test_streamed_text_equals_the_decoded_ids(engine, loaded):
         assert "".join(t.text for t in seq["tokens"]) == seq["text"] == full.rstrip("\ufffd")
 
 
-async def test_logprobs_match_the_model(engine, loaded):
+async def test_logprobs_match_the_model(reference, engine, loaded):
     [seq] = await run(engine, PROMPTS[1], max_new_tokens=4, ignore_eos=True, top_logprobs=3)
     ids = loaded.tokenizer.encode(PROMPTS[1], add_special_tokens=False)
     with torch.inference_mode():
-        logits = loaded.model(torch.tensor([ids + seq["ids"]])).logits[0].float()
+        logits = reference(torch.tensor([ids + seq["ids"]])).logits[0].float()
     expected = logits.log_softmax(-1)
     for i, token in enumerate(seq["tokens"]):
         row = expected[len(ids) - 1 + i]
@@ -208,7 +216,7 @@ async def test_logprobs_match_the_model(engine, loaded):
         assert [t.id for t in token.top] == row.topk(3).indices.tolist()
 
 
-async def test_prompt_logprobs(engine, loaded):
+async def test_prompt_logprobs(reference, engine, loaded):
     request = GenerationRequest(prompt=PROMPTS[0],
                                 params=SamplingParams(max_new_tokens=2, prompt_logprobs=True))
     outputs = [out async for out in engine.generate(request)]
@@ -216,7 +224,7 @@ async def test_prompt_logprobs(engine, loaded):
     ids = loaded.tokenizer.encode(PROMPTS[0], add_special_tokens=False)
     assert [t.id for t in prefill] == ids and prefill[0].logprob is None
     with torch.inference_mode():
-        expected = loaded.model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        expected = reference(torch.tensor([ids])).logits[0].float().log_softmax(-1)
     for i in range(1, len(ids)):
         assert prefill[i].logprob == pytest.approx(expected[i - 1, ids[i]].item(), abs=1e-3)
 
@@ -249,7 +257,7 @@ async def test_validation_rejects_before_admission(engine):
     assert err.value.field == "top_p"
 
 
-async def test_a_failing_request_fails_alone(engine, loaded, monkeypatch):
+async def test_a_failing_request_fails_alone(reference, engine, loaded, monkeypatch):
     real_sample = sampling.sample
 
     def flaky(logits, samplers):
@@ -264,11 +272,11 @@ async def test_a_failing_request_fails_alone(engine, loaded, monkeypatch):
     )
     assert bad[0]["finish"] == FinishReason.ERROR
     assert good[0]["finish"] == FinishReason.LENGTH
-    assert good[0]["ids"] == hf_greedy(loaded, PROMPTS[1], 10)
+    assert good[0]["ids"] == hf_greedy(reference, loaded, PROMPTS[1], 10)
     assert engine.batcher.running == 0
 
 
-def test_stepped_by_its_caller_one_token_per_sequence_per_step(loaded):
+def test_stepped_by_its_caller_one_token_per_sequence_per_step(reference, loaded):
     """The DJL entry's use: add() (tokenizing what was not validated) and step() in the caller's
     thread; each step gives every running sequence one token, as vLLM's steps give DJL."""
     stepped = TorchEngine(loaded, max_batch_size=4)
@@ -289,11 +297,12 @@ def test_stepped_by_its_caller_one_token_per_sequence_per_step(loaded):
             [seq] = out.outputs
             assert len(seq.tokens) == 1  # never two tokens in one step
             ids[out.request_id] += [t.id for t in seq.tokens]
-    assert [ids[r.request_id] for r in requests] == [hf_greedy(loaded, p, 6) for p in PROMPTS[:3]]
+    assert [ids[r.request_id] for r in requests] == [hf_greedy(reference, loaded, p, 6)
+                                                     for p in PROMPTS[:3]]
     assert len(steps) == 7  # request 0: steps 1-6; requests 1 and 2 join at step 2, end at 7
 
 
-def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(loaded):
+def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(reference, loaded):
     """Prompt A ends its prefill in the pass that also prefills B's first chunk, and takes the
     decode slot B sits in: B moves elsewhere with that chunk's keys and values (it lost them
     once, answering otherwise than generate()), and both answer as generate() does."""
@@ -301,24 +310,24 @@ def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(loaded):
     ids = loaded.tokenizer.encode(PROMPTS[2], add_special_tokens=False)
     requests, tokens = prompt_moved_mid_prefill(stepped, ids)
     for req in requests:
-        assert_models_own(loaded, req.prompt_token_ids, tokens[req.request_id, 0],
+        assert_models_own(reference, loaded, req.prompt_token_ids, tokens[req.request_id, 0],
                           req.params.max_new_tokens)
 
 
-def assert_models_own(loaded, prompt: list[int], got: list, n: int) -> None:
+def assert_models_own(reference, loaded, prompt: list[int], got: list, n: int) -> None:
     """`got` (perhaps cut short) is the first of the model's n greedy tokens for `prompt`,
     with their log-probabilities (greedy may survive a corrupted cache; these do not)."""
-    want = hf_greedy(loaded, prompt, n)
+    want = hf_greedy(reference, loaded, prompt, n)
     assert [t.id for t in got] == want[: len(got)]
     with torch.inference_mode():
-        logits = loaded.model(torch.tensor([prompt + want])).logits[0, len(prompt) - 1 :]
+        logits = reference(torch.tensor([prompt + want])).logits[0, len(prompt) - 1 :]
     expected = logits.float().log_softmax(-1)
     assert [t.logprob for t in got] == pytest.approx(
         [expected[i, t].item() for i, t in enumerate(want[: len(got)])], abs=1e-3)
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_each_request_gets_the_models_own_answer_whatever_the_schedule(loaded, seed):
+def test_each_request_gets_the_models_own_answer_whatever_the_schedule(reference, loaded, seed):
     """Random arrivals, prompts (half of them sharing an opening), lengths, n, aborts and a small
     batch and prefill budget exercise slot moves, chunking, prefix reuse and compaction
     together: every sequence's tokens and logprobs (an aborted one's, up to its abort) are
@@ -334,4 +343,5 @@ def test_each_request_gets_the_models_own_answer_whatever_the_schedule(loaded, s
             got = tokens.get((req.request_id, index), [])
             if req.request_id not in aborted:
                 assert len(got) == req.params.max_new_tokens
-            assert_models_own(loaded, req.prompt_token_ids, got, req.params.max_new_tokens)
+            assert_models_own(reference, loaded, req.prompt_token_ids, got,
+                              req.params.max_new_tokens)

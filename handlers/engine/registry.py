@@ -68,10 +68,10 @@ def auto_engine(config: Config) -> tuple[str, str]:
         return "vllm", "vLLM is installed and a GPU is present"
     if not _is_gguf(config):
         return "torch", "the model is not a GGUF file"
+    if importlib.util.find_spec("llama_cpp") is None:  # before _on_cpu's import of torch
+        return "torch", "llama-cpp-python is not installed (the `llamacpp` extra)"
     if not _on_cpu(config):
         return "torch", "the model runs on a GPU"
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "torch", "llama-cpp-python is not installed (the `llamacpp` extra)"
     given = [s.key for s in SETTINGS if s.engine and s.key not in ENGINES["llamacpp"].supports
              and _departs(config, s, ENGINES["llamacpp"])]
     if given:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from handlers.engine.torch.llama_model import LlamaCausalLM
 
 NAME = "lmi_slot_cache"
 
@@ -32,6 +32,8 @@ def slot_cache_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
     if attention_mask is None or kwargs.get("position_bias") is not None:
         # Not a slot-cache pass (ours always has a mask: generate() on the same model, say), or
         # a model with learned biases: transformers' own path.
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value,
                                               attention_mask, scaling=scaling, **kwargs)
         return out.to(query.dtype), weights
@@ -41,6 +43,11 @@ def slot_cache_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
 
 
 def use_slot_cache_attention(model: torch.nn.Module) -> None:
-    """Route the model's attention through `slot_cache_attention`."""
+    """Route a transformers model's attention through `slot_cache_attention` (llama_model's
+    modules have no forward: LlamaStack calls it)."""
+    if isinstance(model, LlamaCausalLM):
+        return
+    from transformers import AttentionInterface
+
     AttentionInterface.register(NAME, slot_cache_attention)
     model.set_attn_implementation(NAME)

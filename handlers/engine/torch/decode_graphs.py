@@ -34,10 +34,10 @@ from pathlib import Path
 import psutil
 import torch
 from torch import nn
-from transformers import LlamaForCausalLM
 
 from handlers.engine.torch import decode_step, graph_constants
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
+from handlers.engine.torch.llama_model import is_llama
 from handlers.engine.torch.loader import LoadedModel
 from handlers.model_fetch import default_cache_dir
 
@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 # Free memory wanted, in weights: the subprocess's model, its frozen copy and the constants it
 # stores, then the graphs' mapped constants (the packed weights, once for both).
 MEMORY_FACTOR = 6
-_CODE = ("decode_step.py", "llama_stack.py", "attention.py", "fused_projections.py",
-         "graph_constants.py")
+_CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
+         "fused_projections.py", "graph_constants.py")
 Graph = Callable[..., torch.Tensor]
 
 
@@ -172,7 +172,7 @@ def _remove_extracted() -> None:
 def _not_applicable(loaded: LoadedModel) -> str | None:
     if loaded.device.type != "cpu" or loaded.dtype != torch.float32:
         return f"compiled only for float32 on the CPU (here {loaded.dtype} on {loaded.device})"
-    if type(loaded.model) is not LlamaForCausalLM:
+    if not is_llama(loaded.model):
         return f"compiled only for Llama-architecture models (not {type(loaded.model).__name__})"
     weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     available = psutil.virtual_memory().available

@@ -5,7 +5,8 @@ At a few rows a CPU decode step is mostly not arithmetic: SmolLM2's 30 layers th
 transformers' modules spent ~10 ms of a ~42 ms one-row step in Python between the ops (module
 calls, keyword plumbing, output capture). This loop runs the same ops in the same order on the
 same modules' weights (fused projections, oneDNN linears), so its results are bit-for-bit those
-of the model's own forward; architectures other than `LlamaForCausalLM` keep that forward.
+of transformers' forward; architectures other than `LlamaForCausalLM` keep that forward. The
+modules are transformers' or llama_model.py's (the same names and weights).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn.functional import rms_norm
-from transformers import LlamaForCausalLM
-from transformers.models.llama.modeling_llama import rotate_half
 
 from handlers.engine.torch.attention import slot_cache_attention
 from handlers.engine.torch.fused_projections import ProjectionPart
 from handlers.engine.torch.kv_cache import SlotKVCache
+from handlers.engine.torch.llama_model import is_llama, rotate_half
 
 
 @dataclass
@@ -59,7 +59,7 @@ class LlamaStack:
     @staticmethod
     def of(model: nn.Module) -> LlamaStack | None:
         """The stack for `model` when it is a Llama whose projections were fused, else None."""
-        if type(model) is not LlamaForCausalLM:  # exactly: not remote code or a subclass
+        if not is_llama(model):
             return None
         layers = model.model.layers
         fused = all(isinstance(layer.self_attn.q_proj, ProjectionPart)

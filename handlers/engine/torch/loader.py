@@ -4,11 +4,16 @@ transformers call reads local files only (`local_files_only`), so loading never 
 A source is a Hugging Face layout directory (config.json + *.safetensors) or a single .gguf file.
 GGUF files are dequantized once by transformers and cached as a plain safetensors checkpoint,
 keyed by the file's content hash, so later starts load in a second or two instead of ~30 s.
+
+On the CPU a Llama checkpoint is built by llama_model.py and its tokenizer loaded by its class,
+without importing transformers' modeling code (~6 s of a start); anything else goes through
+transformers' Auto classes, imported only then.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -16,21 +21,18 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GgufConfig,
-    PreTrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
 
+from handlers.engine.torch import llama_model
 from handlers.engine.torch.dtype_probe import choose_cpu_dtype
 from handlers.model_fetch import default_cache_dir
 from handlers.model_source import derive_model_name
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +45,13 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 _HASH_CHUNK = 1 << 20
+# tokenizer_config.json class names AutoTokenizer loads as transformers' TokenizersBackend.
+_GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 @dataclass
 class LoadedModel:
-    model: PreTrainedModel  # a causal LM in eval mode on `device`
+    model: nn.Module  # a causal LM in eval mode on `device` (transformers' or llama_model's)
     tokenizer: PreTrainedTokenizerBase  # with the model's chat template
     name: str  # e.g. "smollm2-135m-instruct"
     source: str  # the path it came from (the .gguf file, not its cache copy)
@@ -126,7 +130,7 @@ def load_model(
 
 def _load_weights(
     source: Path, dtype: str, target: torch.device, trust_remote_code: bool, cache_dir: Path | None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+) -> tuple[nn.Module, PreTrainedTokenizerBase, str]:
     """The model (in its final dtype, still on CPU or `target`), its tokenizer, and a note on
     where the weights were read from."""
     origin = "safetensors checkpoint"
@@ -137,6 +141,13 @@ def _load_weights(
             model.to(resolve_dtype(dtype, target, model.dtype))
             return model, tokenizer, f"GGUF, converted and cached in {entry}"
         source, origin = entry, f"GGUF, cached conversion in {entry}"
+    why_not = "not on the CPU" if target.type != "cpu" else llama_model.unsupported(source)
+    if why_not is None:
+        model = llama_model.load(source, resolve_dtype(dtype, target, None))
+        return model, _llama_tokenizer(source), origin
+    logger.info("Loading %s with transformers' classes (%s)", source, why_not)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     config = AutoConfig.from_pretrained(source, **kwargs)
     torch_dtype = resolve_dtype(dtype, target, _checkpoint_dtype(config))
@@ -145,14 +156,29 @@ def _load_weights(
     return model, tokenizer, origin
 
 
-def _checkpoint_dtype(config: PreTrainedConfig) -> torch.dtype | None:
+def _llama_tokenizer(source: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer AutoTokenizer would give a Llama checkpoint, without AutoTokenizer's import
+    of the modeling code: a tokenizer_config.json naming the generic tokenizers-backed class (no
+    remote code) is loaded by that class, anything else by AutoTokenizer."""
+    config_file = source / "tokenizer_config.json"
+    named: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if named.get("tokenizer_class") in _GENERIC_TOKENIZERS and "auto_map" not in named:
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(source, local_files_only=True)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source, local_files_only=True)
+
+
+def _checkpoint_dtype(config: Any) -> torch.dtype | None:
     value = getattr(config, "dtype", None)
     if isinstance(value, str):
         value = getattr(torch, value, None)
     return value if isinstance(value, torch.dtype) else None
 
 
-def _max_model_len(config: PreTrainedConfig, option: int | None) -> int:
+def _max_model_len(config: Any, option: int | None) -> int:
     limit = getattr(config, "max_position_embeddings", None)
     if limit is None:
         if option is None:
@@ -163,7 +189,7 @@ def _max_model_len(config: PreTrainedConfig, option: int | None) -> int:
     return min(option or limit, limit)
 
 
-def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+def _eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> set[int]:
     generation = getattr(model, "generation_config", None)
     sources = (getattr(generation, "eos_token_id", None), model.config.eos_token_id,
                tokenizer.eos_token_id)  # fmt: skip
@@ -211,8 +237,10 @@ def file_sha256(path: Path, memo_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def _convert_gguf(gguf: Path, entry: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _convert_gguf(gguf: Path, entry: Path) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     """Dequantize `gguf` into a float32 model, save it (with its tokenizer) at `entry`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     started = time.perf_counter()
     logger.info("Converting %s (first start: this takes a while; later starts use the cache)", gguf)
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
@@ -227,7 +255,7 @@ def _convert_gguf(gguf: Path, entry: Path) -> tuple[PreTrainedModel, PreTrainedT
 
 
 def _save_atomically(
-    entry: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+    entry: Path, model: nn.Module, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     """Write into a temporary sibling and rename it, so `entry` is complete or absent."""
     entry.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from torch import nn
 
 from handlers.engine.torch.attention import use_slot_cache_attention
 from handlers.engine.torch.decode_graphs import DecodeGraphs
@@ -35,7 +35,7 @@ class PrefillChunk:
 class ModelRunner:
     prefix_places = None  # kept prefixes are copies of their own: as many as the budget holds
 
-    def __init__(self, model: PreTrainedModel, num_slots: int, max_len: int,
+    def __init__(self, model: nn.Module, num_slots: int, max_len: int,
                  graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.graphs = graphs  # compiled decode steps, used for the row counts they have

@@ -23,7 +23,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-from transformers import TypicalLogitsWarper
 
 from handlers.engine.torch import watermark
 from handlers.engine.types import RequestValidationError, SamplingParams
@@ -294,6 +293,8 @@ def _nucleus(probs: torch.Tensor, k: torch.Tensor, p: torch.Tensor, window: int)
 
 def _typical_p(probs: torch.Tensor, samplers: list[SequenceSampler]) -> torch.Tensor:
     """Hugging Face's typical_p (its own warper), one call per distinct mass in the batch."""
+    from transformers import TypicalLogitsWarper  # ~1 s to import: only when asked for
+
     for mass in {s.params.typical_p for s in samplers if s.params.typical_p < 1}:
         rows = [i for i, s in enumerate(samplers) if s.params.typical_p == mass]
         index = torch.tensor(rows, device=probs.device)

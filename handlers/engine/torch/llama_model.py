@@ -1,0 +1,225 @@
+"""A Llama-architecture checkpoint built from its config.json and safetensors files, without
+transformers' modeling code, for the CPU path where `LlamaStack` runs the layers.
+
+Importing transformers' `LlamaForCausalLM` takes ~6 s of a ~10 s start (its modeling and
+generation modules, and through them scikit-learn, accelerate and torch.distributed): more than
+importing torch and loading the weights together. The modules here have the names and weights of
+transformers' (`model.layers.N.self_attn.q_proj`, ...), so fusing, oneDNN packing, the stack and
+the compiled decode step treat both alike; norms and rotary angles compute what transformers'
+do, op for op. A checkpoint this does not cover (another rope type, biases, remote code,
+quantization) is loaded by transformers, as is every model off the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+ARCHITECTURE = "LlamaForCausalLM"
+_TRANSFORMERS_LLAMA = "transformers.models.llama.modeling_llama"
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "vocab_size")
+
+
+@dataclass(frozen=True)
+class LlamaSettings:
+    """The config.json values the forward pass reads (transformers' LlamaConfig defaults)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    eos_token_id: int | list[int] | None
+
+    def get_text_config(self) -> LlamaSettings:  # what ModelRunner asks a transformers config
+        return self
+
+
+def unsupported(directory: Path) -> str | None:
+    """Why `directory`'s checkpoint is not one this module builds (None when it is)."""
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        return f"config.json unreadable ({error})"
+    if raw.get("architectures") != [ARCHITECTURE] or raw.get("model_type") != "llama":
+        return f"architecture {raw.get('architectures')}"
+    checks = {
+        "remote code (auto_map)": "auto_map" in raw,
+        "quantized": "quantization_config" in raw,
+        "missing sizes": any(key not in raw for key in _REQUIRED),
+        "biases": raw.get("attention_bias") or raw.get("mlp_bias"),
+        f"activation {raw.get('hidden_act')}": raw.get("hidden_act", "silu") != "silu",
+        f"rope {_rope(raw)}": _rope(raw)[0] != "default",
+        "no safetensors": not _weight_files(directory),
+    }
+    return next((why for why, failed in checks.items() if failed), None)
+
+
+def settings(directory: Path) -> LlamaSettings:
+    raw = json.loads((directory / "config.json").read_text())
+    heads = raw["num_attention_heads"]
+    return LlamaSettings(
+        hidden_size=raw["hidden_size"], intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        vocab_size=raw["vocab_size"], rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=_rope(raw)[1], tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        eos_token_id=raw.get("eos_token_id"),
+    )  # fmt: skip
+
+
+def _rope(raw: dict) -> tuple[str, float]:
+    """(rope type, theta) from transformers 5's `rope_parameters` or the older keys."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    return kind, float(params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / shard for shard in shards]
+    single = directory / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def is_llama(model: nn.Module) -> bool:
+    """Built here, or transformers' own Llama class exactly (not remote code or a subclass)."""
+    kind = type(model)
+    return kind is LlamaCausalLM or (kind.__name__ == ARCHITECTURE
+                                     and kind.__module__ == _TRANSFORMERS_LLAMA)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding's partner of each element: (-second half, first half)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # in float32, then back: transformers'
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+class RotaryAngles(nn.Module):
+    """cos and sin of each position's rotary angles, [B, T, head_dim], in the input's dtype."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: LlamaSettings) -> None:
+        super().__init__()
+        self.head_dim, self.scaling = s.head_dim, s.head_dim**-0.5
+        kv = s.num_key_value_heads * s.head_dim
+        self.q_proj = nn.Linear(s.hidden_size, s.num_attention_heads * s.head_dim, bias=False)
+        self.k_proj = nn.Linear(s.hidden_size, kv, bias=False)
+        self.v_proj = nn.Linear(s.hidden_size, kv, bias=False)
+        self.o_proj = nn.Linear(s.num_attention_heads * s.head_dim, s.hidden_size, bias=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, s: LlamaSettings) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
+        self.act_fn = nn.SiLU()
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, s: LlamaSettings) -> None:
+        super().__init__()
+        self.self_attn, self.mlp = Attention(s), MLP(s)
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    def __init__(self, s: LlamaSettings, rotary: RotaryAngles) -> None:
+        super().__init__()
+        # Not nn.Embedding(...): its random init on the meta device imports torch._dynamo (1.5 s).
+        self.embed_tokens = nn.Embedding.from_pretrained(torch.empty(s.vocab_size, s.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(s) for _ in range(s.num_hidden_layers))
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.rotary_emb = rotary
+
+
+class LlamaCausalLM(nn.Module):
+    """The weights of a Llama causal LM; `LlamaStack` runs them (there is no forward here)."""
+
+    def __init__(self, s: LlamaSettings, generation: dict, rotary: RotaryAngles) -> None:
+        super().__init__()
+        self.config = s
+        self.generation_config = SimpleNamespace(eos_token_id=generation.get("eos_token_id"))
+        self.model = Decoder(s, rotary)
+        self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
+        if s.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    # The embedding's: the linears may have been replaced by packed ones (onednn_linear.py).
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def get_decoder(self) -> Decoder:
+        return self.model
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+
+def load(directory: Path, dtype: torch.dtype) -> LlamaCausalLM:
+    """The checkpoint in `directory` (which `unsupported` accepted) in `dtype`, in eval mode."""
+    config = settings(directory)
+    generation_file = directory / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+    rotary = RotaryAngles(config.head_dim, config.rope_theta)  # computed: not on meta
+    with torch.device("meta"):  # the weights come from the files: allocate none here
+        model = LlamaCausalLM(config, generation, rotary)
+    weights: dict[str, torch.Tensor] = {}
+    for file in _weight_files(directory):
+        weights.update(load_file(file))
+    if config.tie_word_embeddings:  # the embedding is the head (the file may lack the head)
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    weights = {name: tensor.to(dtype) for name, tensor in weights.items()}
+    model.load_state_dict(weights, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()
