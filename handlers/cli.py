@@ -1,9 +1,9 @@
 """`lmi-serve`, the composition root: configuration -> engine registry -> app.
 
 It checks that every setting takes effect, starts the HTTP server at once (/ping answers 503),
-loads the model and the embedding model beside it (within option.model_loading_timeout), then
-runs until SIGTERM or SIGINT. An engine whose loop runs fastest in the main thread (the torch
-engine: ~1.4x) runs it there; the HTTP server (uvicorn) runs in a background thread.
+loads the model (within option.model_loading_timeout), loads the embedding model while the model
+serves, and runs until SIGTERM or SIGINT. An engine whose loop runs fastest in the main thread
+(the torch engine: ~1.4x) runs it there; the HTTP server (uvicorn) runs in a background thread.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import uvicorn
@@ -24,6 +26,11 @@ import uvicorn
 from handlers.config import Config, ConfigError, check_effects, load_config, log_config, parse_args
 from handlers.engine import registry
 from handlers.engine.base import Embedder, Engine, EngineBuild, SupervisedLoop
+from handlers.model_source import (
+    DEFAULT_EMBEDDING_NAME,
+    is_default_embedding_id,
+    resolve_embedding_source,
+)
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
 from handlers.server.http.request_id import uvicorn_log_config
@@ -31,6 +38,13 @@ from handlers.supervision import Supervisor
 
 log = logging.getLogger("lmi_serve")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    build: EngineBuild | None  # None on an embeddings-only server
+    embedder: Embedder | None = None  # loaded with the engine (an embeddings-only server's)
+    embedding_files: Path | None = None  # located, to load once the engine serves
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,7 +87,9 @@ def serve(config: Config) -> int:
         Served(config.model_name, max_failures=config.max_consecutive_failures)
     embedder = None
     if config.embedding_source is not None:
-        embedder = Served(config.model_name if config.embeddings_only else None)
+        embedder = Served(config.model_name if config.embeddings_only else
+                          _embedding_name(config.embedding_source),
+                          loads_later=not config.embeddings_only)
     ctx = ServerContext(server_settings(config), generator, embedder)
     server = uvicorn.Server(uvicorn.Config(
         create_app(ctx), host=config.host, port=config.port,
@@ -101,16 +117,17 @@ def serve(config: Config) -> int:
         server.should_exit = True
         http.join()
         return 1 if loaded is None else 0
-    built, embedding = loaded
-    return _run(config, ctx, built, embedding, http, stop_server)
+    return _run(config, ctx, loaded, http, stop_server)
 
 
-def _run(config: Config, ctx: ServerContext, built: EngineBuild | None,
-         embedding: Embedder | None, http: threading.Thread,
+def _run(config: Config, ctx: ServerContext, loaded: Loaded, http: threading.Thread,
          stop_server: Callable[[], None]) -> int:
     """Attach what loaded (/ping answers 200 from here on) and run until the server stops."""
-    if embedding is not None:
-        ctx.embedder.attach(embedding)
+    built = loaded.build
+    if loaded.embedder is not None:
+        ctx.embedder.attach(loaded.embedder)
+    elif loaded.embedding_files is not None:
+        _load_embedder_later(config, loaded.embedding_files, ctx.embedder, stop_server)
     done = threading.Event()
     if built is not None:
         if built.main_loop is None:  # an engine that lives on the server's event loop
@@ -135,7 +152,7 @@ def _run(config: Config, ctx: ServerContext, built: EngineBuild | None,
         built.main_loop.run_forever()
     done.wait()
     http.join()
-    return status
+    return 1 if ctx.embedder is not None and ctx.embedder.load_error else status
 
 
 def _started(engine: Engine, loop: asyncio.AbstractEventLoop) -> bool:
@@ -149,39 +166,72 @@ def _started(engine: Engine, loop: asyncio.AbstractEventLoop) -> bool:
     return True
 
 
-def _load(config: Config) -> tuple[EngineBuild | None, Embedder | None] | None:
-    """The engine and the embedding model, loaded side by side; None when either failed or
-    took longer than option.model_loading_timeout (logged)."""
-    load = None if config.embeddings_only else registry.loader(config)
-    llm = _in_thread(lambda: load and load(), "load")
-    embedding = _in_thread(lambda: _load_embedder(config), "embedding-load")
-    pending = wait([llm, embedding], timeout=config.model_loading_timeout).not_done
-    if pending:
+def _load(config: Config) -> Loaded | None:
+    """The engine, or on an embeddings-only server the embedding model; None when loading
+    failed or took longer than option.model_loading_timeout (logged). Beside a generation
+    model the embedding model's files are located (fetched) meanwhile, so a bad
+    option.embedding_model_id fails the start; the model loads later (`_load_embedder_later`)."""
+    if config.embeddings_only:
+        loading = _in_thread(lambda: Loaded(None, _load_embedder(config)), "embedding-load")
+    else:
+        load = registry.loader(config)
+        source = config.embedding_source
+        located = _in_thread(lambda: source and resolve_embedding_source(source,
+                                                                         config.model_dir),
+                             "embedding-fetch")
+        loading = _in_thread(lambda: Loaded(load(), None, located.result()), "load")
+    try:
+        return loading.result(timeout=config.model_loading_timeout)
+    except TimeoutError:
         log.error("loading the model took longer than option.model_loading_timeout=%d s "
                   "(%s); stopping", config.model_loading_timeout,
                   config.sources["model_loading_timeout"])
-        return None
-    failed = [f.exception() for f in (llm, embedding) if f.exception() is not None]
-    for error in failed:
+    except Exception as error:  # noqa: BLE001 (logged: the server stops)
         log.error("loading failed", exc_info=error)
-    return None if failed else (llm.result(), embedding.result())
+    return None
 
 
-def _load_embedder(config: Config) -> Embedder | None:
-    """The embedding model, loaded and started (None when none is served)."""
+def _load_embedder(config: Config, files: Path | None = None) -> Embedder | None:
+    """The embedding model (from `files`, where located already), loaded and started (None when
+    none is served)."""
     if config.embedding_source is None:
         return None
     from handlers.engine.embedding import EmbeddingEngine, load_embedding_model
 
     revision = config.revision if config.embeddings_only else None  # option.model_id's
     loaded = load_embedding_model(config.embedding_source, base_dir=config.model_dir,
-                                  device=config.device, revision=revision)
+                                  device=config.device, revision=revision, files=files)
     if config.embeddings_only:
         loaded.name = config.model_name  # option.model_name applies to the one model served
     engine = EmbeddingEngine(loaded)
     engine.start()
     log.info("embedding model %s is ready", engine.model_name)
     return engine
+
+
+def _load_embedder_later(config: Config, files: Path, served: Served[Embedder],
+                         stop_server: Callable[[], None]) -> None:
+    """Load the embedding model while the generation model serves: its import of
+    sentence-transformers (and through it scikit-learn) takes longer than the rest of a start,
+    and under the GIL it would as good as double the start. Its requests wait meanwhile. Failing
+    (or outlasting option.model_loading_timeout) stops the server, as a failed start does."""
+    future = _in_thread(lambda: _load_embedder(config, files), "embedding-load")
+
+    def watch() -> None:
+        try:
+            served.attach(future.result(timeout=config.model_loading_timeout))
+        except BaseException as error:  # noqa: BLE001 (a timeout or the load's own error)
+            served.load_error = str(error) or type(error).__name__
+            log.error("loading the embedding model failed; stopping", exc_info=error)
+            stop_server()
+
+    threading.Thread(target=watch, name="embedding-watch", daemon=True).start()
+
+
+def _embedding_name(source: str) -> str | None:
+    """The embedded default's served name, known before it loads (others' come from their
+    files)."""
+    return DEFAULT_EMBEDDING_NAME if is_default_embedding_id(source) else None
 
 
 def _in_thread(work: Callable[[], T], name: str) -> Future[T]:

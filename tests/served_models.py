@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from server_process import free_port, running_server
@@ -20,6 +21,7 @@ class Served:
     url: str
     context: int  # option.max_model_len
     grpc: str  # host:port of KServe V2 over gRPC
+    log: Path  # the server's output
 
 
 @pytest.fixture(scope="session")
@@ -29,4 +31,4 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     grpc_port = free_port()
     with running_server(f"option.max_model_len={context}", log_path=log,
                         grpc_port=grpc_port) as url:
-        yield Served(url, context, f"127.0.0.1:{grpc_port}")
+        yield Served(url, context, f"127.0.0.1:{grpc_port}", log)

@@ -107,3 +107,10 @@ def test_invocations_with_input_is_embeddings(client, served):
                            timeout=30).json()
     assert answer["object"] == "list" and answer["model"] == EMBEDDER
     assert np.allclose(answer["data"][0]["embedding"], embed(client, "a dog")[0], atol=1e-5)
+
+
+def test_the_model_serves_before_the_embedding_model_has_loaded(served):
+    """/ping says 200 once the generation model is ready; the embedding model loads after it
+    (its import takes seconds)."""
+    log = served.log.read_text()
+    assert log.index(f"model {LLM} is ready") < log.index(f"embedding model {EMBEDDER} is ready")

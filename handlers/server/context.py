@@ -48,13 +48,16 @@ class ServerSettings:
 
 class Served(Generic[E]):
     """A model the server serves: its name (known before loading, or from the loaded model)
-    and, once loaded, its engine."""
+    and, once loaded, its engine. One `loads_later` loads while the server already answers
+    (/ping does not wait for it; its requests wait in `loaded`)."""
 
     def __init__(self, name: str | None = None, engine: E | None = None,
-                 max_failures: int = 0) -> None:
+                 max_failures: int = 0, loads_later: bool = False) -> None:
         self.name = name
         self.engine = engine
         self.failures = FailureStreak(max_failures)
+        self.loads_later = loads_later
+        self.load_error: str | None = None  # why loading failed
 
     def attach(self, engine: E) -> None:
         self.name = self.name or engine.model_name
@@ -65,8 +68,20 @@ class Served(Generic[E]):
         return (self.engine is not None and self.engine.health()
                 and not self.failures.tripped)
 
+    @property
+    def loading_later(self) -> bool:
+        """Still loading behind a server that answers already."""
+        return self.loads_later and self.engine is None and self.load_error is None
+
+    async def loaded(self) -> None:
+        """Return once a model that loads later has loaded or failed to."""
+        while self.loading_later:
+            await asyncio.sleep(0.05)
+
     def unavailable(self) -> str:
         """Why it cannot answer (while not `ready`)."""
+        if self.load_error is not None:
+            return f"not loaded ({self.load_error})"
         if self.engine is None:
             return "still loading"
         return "failing every request" if self.failures.tripped else "not running"
@@ -122,8 +137,10 @@ class ServerContext:
         return served.engine.adapters if served is not None and served.engine is not None else ()
 
     def ready(self) -> bool:
-        """Whether every served model can answer (what /ping reports)."""
-        return all(model.ready for model in (self.generator, self.embedder) if model is not None)
+        """Whether every served model can answer (what /ping reports): one that loads later
+        holds it back only once it failed to."""
+        return all(model.ready or model.loading_later
+                   for model in (self.generator, self.embedder) if model is not None)
 
     def embedding_model(self) -> str | None:
         """The served embedding model's name, once loaded."""

@@ -36,11 +36,12 @@ class EmbeddingModel:
 
 def load_embedding_model(
     source: str | Path | None = None, *, device: str = "auto", base_dir: Path | None = None,
-    revision: str | None = None,
+    revision: str | None = None, files: Path | None = None,
 ) -> EmbeddingModel:
-    """Load the embedding model `source` names (see `resolve_embedding_source`) on `device`."""
+    """Load the embedding model `source` names (see `resolve_embedding_source`) on `device`;
+    `files`: where it was located already."""
     started = time.perf_counter()
-    path = resolve_embedding_source(source, base_dir, revision)
+    path = files or resolve_embedding_source(source, base_dir, revision)
     is_default = source is None or is_default_embedding_id(str(source))
     target = resolve_device(device)
     from sentence_transformers import SentenceTransformer  # heavy (scikit-learn): load on use

@@ -38,6 +38,7 @@ async def embeddings_body(ctx: ServerContext, request: Request, body: Any) -> An
         if served is None:
             raise OpenAIError("this server serves no embedding model (option.embedding_model_id)",
                               "model", ErrorKind.NOT_FOUND)
+        await served.loaded()
         if not served.ready:
             raise OpenAIError(f"the embedding model is {served.unavailable()}", "model",
                               ErrorKind.UNAVAILABLE)

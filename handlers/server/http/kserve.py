@@ -81,6 +81,7 @@ async def _predict(ctx: ServerContext, request: Request, model: str, body: Any) 
         served = _served(ctx, model)
         if served is None:
             raise kserve_v1.model_not_found(model)
+        await served.loaded()
         engine = served.ready_engine(KServeError)
         if served is ctx.embedder:
             try:
