@@ -148,7 +148,8 @@ def completion(url: str) -> str:
 
 def test_a_default_server_decodes_through_the_graphs_and_answers_as_an_eager_one(
         tiny_dir, cache_dir, compiled, tmp_path):
-    server = (f"option.model_id={tiny_dir}", "option.embedding_model_id=none")
+    # float32 (the graphs compiled above), where compiled and eager logits agree to ~1e-6
+    server = (f"option.model_id={tiny_dir}", "option.embedding_model_id=none", "option.dtype=fp32")
     env = {"LMI_CACHE_DIR": str(cache_dir), "OPTION_ENFORCE_EAGER": "false"}
     with running_server(*server, env=env, log_path=tmp_path / "compiled.log") as url:
         assert metric(url, "lmi_decode_graphs_total") == 2

@@ -8,6 +8,7 @@ import torch
 from tiny_model import make_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
+from handlers.engine.torch.attention import visible_keys
 from handlers.engine.torch.llama_stack import LlamaStack
 from handlers.engine.torch.model_runner import ModelRunner
 
@@ -44,8 +45,10 @@ def test_the_loop_matches_the_models_own_forward(tmp_path, dtype):
 
 def _decoder_forward(model):
     def forward(ids, positions, mask, cache):
-        return model.get_decoder()(input_ids=ids, position_ids=positions, attention_mask=mask,
-                                   past_key_values=cache, use_cache=True).last_hidden_state
+        with visible_keys(positions + 1):  # as ModelRunner calls transformers' modules
+            return model.get_decoder()(input_ids=ids, position_ids=positions,
+                                       attention_mask=mask, past_key_values=cache,
+                                       use_cache=True).last_hidden_state
     return forward
 
 

@@ -6,14 +6,15 @@ streaming."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import orjson
 import pytest
+import torch
 from botocore.eventstream import EventStreamBuffer
 from fakes import FakeEngine, served_app
-from server_process import serving
+from server_process import running_server, serving
 
 pytest_plugins = ["served_models"]
 
@@ -97,10 +98,25 @@ def chat(question: str) -> str:
     return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
 
 
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def greedy_url(request, served, tmp_path_factory) -> Iterator[str]:
+    """The shared server (float32), and one serving bf16 where this CPU has bf16 kernels: there
+    too a greedy answer may not depend on what else is in the batch."""
+    if request.param == "fp32":
+        yield served.url
+        return
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("this CPU has no bf16 matmul kernels")
+    log = tmp_path_factory.mktemp("bf16") / "server.log"
+    with running_server("option.dtype=bf16", "option.embedding_model_id=none",
+                        log_path=log) as url:
+        yield url
+
+
 @pytest.mark.e2e
-async def test_32_concurrent_greedy_streams_equal_the_answers_without_streaming(served):
+async def test_32_concurrent_greedy_streams_equal_the_answers_without_streaming(greedy_url):
     params = {"max_new_tokens": 24, "do_sample": False}
-    async with httpx.AsyncClient(base_url=served.url, timeout=600) as http:
+    async with httpx.AsyncClient(base_url=greedy_url, timeout=600) as http:
 
         async def whole(question: str) -> str:
             response = await http.post("/invocations", json={"inputs": chat(question),

@@ -146,8 +146,11 @@ def test_explicit_dtypes_map_to_torch(name: str, expected: torch.dtype) -> None:
     assert resolve_dtype(name, torch.device("cpu"), torch.bfloat16) == expected
 
 
-def test_auto_dtype_is_float32_on_cpu_whatever_the_checkpoint() -> None:
-    assert resolve_dtype("auto", torch.device("cpu"), torch.bfloat16) == torch.float32
+@pytest.mark.parametrize("probed", [torch.float32, torch.bfloat16])
+def test_auto_dtype_on_cpu_is_the_probes_whatever_the_checkpoint(monkeypatch, probed) -> None:
+    monkeypatch.setattr(loader, "choose_cpu_dtype", lambda: (probed, "measured"))
+    for checkpoint in (torch.bfloat16, torch.float16, torch.float32, None):
+        assert resolve_dtype("auto", torch.device("cpu"), checkpoint) == probed
 
 
 def test_auto_dtype_on_a_gpu_keeps_a_16_bit_checkpoint_else_bf16(

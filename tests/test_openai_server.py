@@ -11,6 +11,7 @@ import openai
 import pytest
 import requests
 from fakes import FakeEngine, served_app
+from served_models import float32_where_torch_serves
 from server_process import running_server, serving_here
 
 pytestmark = pytest.mark.e2e
@@ -26,8 +27,8 @@ WEATHER = {"type": "function", "function": {
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "server.log"
-    with running_server(log_path=log) as server_url:
-        yield server_url
+    with running_server(*float32_where_torch_serves(), log_path=log) as server_url:
+        yield server_url  # its answers are compared with words: see served_models.py
 
 
 @pytest.fixture(scope="module")

@@ -1,34 +1,60 @@
-"""Attention over the slot KV cache on the CPU: grouped-query heads read in place, and a float32
-cache under 16-bit models.
+"""Attention over the slot KV cache on the CPU: every query over exactly the keys it sees, with
+a result that does not depend on the rest of its pass.
 
-transformers' SDPA path repeats a grouped-query model's key/value heads into full copies
-whenever a mask is passed (always, here): on SmolLM2 (9 query heads over 3 KV heads) those copies
-took more than half of a 32-row decode step past ~96 cached tokens (copy_ ~210 ms of ~380).
-`scaled_dot_product_attention(enable_gqa=True)` reads the cache's views as they are, with the
-same results.
+Each query of a slot-cache pass sees a prefix of its slot (the sequence's positions 0..p), so a
+pass gives attention the count of keys each query sees, and invariant_attention.py's kernel
+computes every (row, query, head) on its own: a sequence's tokens do not depend on what else is
+in the batch, in float32 or in bf16. Keys and values are read in place from the cache (grouped
+query heads included) in its dtype: a bf16 model caches bf16 keys and values, which are bf16
+already, so nothing is lost; other 16-bit models cache float32. The kernel computes in float32
+and only its output is cast back.
 
-bf16 attention rounds its softmax weights to bf16 in blocks that depend on the batch's longest
-sequence, so a row's logits drift with what else is in the batch. Under a 16-bit model keys and
-values are cached in float32 (an exact up-cast) and attention runs in float32; only its output
-is cast back. This makes the drift much smaller, not zero: the kernels' blocking still depends
-on the padded length.
+Where the kernel cannot be built, attention runs on torch's SDPA in float32
+(`enable_gqa`: transformers' SDPA path copies grouped KV heads whenever a mask is passed, more than
+half of a 32-row decode step), whose results drift ~1e-7 with the batch's padded length.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from handlers.engine.torch.invariant_attention import kernel, slot_attention
 from handlers.engine.torch.llama_model import LlamaCausalLM
 
 NAME = "lmi_slot_cache"
+# How many keys each query [B, T] of the current slot-cache pass sees, for attention called
+# through transformers' modules (LlamaStack passes it itself).
+_VISIBLE: ContextVar[torch.Tensor | None] = ContextVar("visible_keys", default=None)
 
 
-def slot_cache_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+@contextlib.contextmanager
+def visible_keys(counts: torch.Tensor) -> Iterator[None]:
+    token = _VISIBLE.set(counts)
+    try:
+        yield
+    finally:
+        _VISIBLE.reset(token)
+
+
+def cpu_cache_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The slot cache's dtype on the CPU for a model in `dtype`: bf16 where the kernel reads it,
+    else float32 (an exact up-cast; SDPA then runs in float32)."""
+    return dtype if dtype == torch.bfloat16 and kernel() is not None else torch.float32
+
+
+def slot_cache_attention(module: torch.nn.Module | None, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor, attention_mask: torch.Tensor | None,
-                         scaling: float | None = None, **kwargs):
-    """Attention of `query` [B, H, T, D] over `key`/`value` [B, H_kv, S, D] in the keys' dtype;
-    returns [B, T, H, D] in the query's dtype."""
+                         scaling: float | None = None, counts: torch.Tensor | None = None,
+                         **kwargs):
+    """Attention of `query` [B, H, T, D] over `key`/`value` [B, H_kv, S, D], query (b, t)
+    seeing the first `counts[b, t]` keys (else those `attention_mask` leaves); returns
+    [B, T, H, D] in the query's dtype."""
+    counts = _VISIBLE.get() if counts is None else counts
     if attention_mask is None or kwargs.get("position_bias") is not None:
         # Not a slot-cache pass (ours always has a mask: generate() on the same model, say), or
         # a model with learned biases: transformers' own path.
@@ -37,6 +63,9 @@ def slot_cache_attention(module: torch.nn.Module, query: torch.Tensor, key: torc
         out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value,
                                               attention_mask, scaling=scaling, **kwargs)
         return out.to(query.dtype), weights
+    if counts is not None and kernel() is not None:
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        return slot_attention(query, key, value, counts, scale).to(query.dtype), None
     out = scaled_dot_product_attention(query.to(key.dtype), key, value, attn_mask=attention_mask,
                                        scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous().to(query.dtype), None

@@ -39,6 +39,7 @@ from handlers.engine.torch import decode_step, graph_constants
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
 from handlers.engine.torch.llama_model import is_llama
 from handlers.engine.torch.loader import LoadedModel
+from handlers.engine.torch.machine import cpu_flags
 from handlers.model_fetch import default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 # stores, then the graphs' mapped constants (the packed weights, once for both).
 MEMORY_FACTOR = 6
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
-         "fused_projections.py", "graph_constants.py")
+         "invariant_attention.py", "fused_projections.py", "graph_constants.py")
 Graph = Callable[..., torch.Tensor]
 
 
@@ -186,8 +187,7 @@ def _key(model: nn.Module, job: dict) -> str:
     """What a package depends on: the weights (each tensor's shape, sum and a sample), the job,
     torch, the CPU's instruction sets, and the code it was traced from."""
     digest = hashlib.sha256(json.dumps({**job, "source": None}, sort_keys=True).encode())
-    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0]
-    for part in (torch.__version__, flags, *(Path(__file__).with_name(n).read_bytes()
+    for part in (torch.__version__, cpu_flags(), *(Path(__file__).with_name(n).read_bytes()
                                              for n in _CODE)):
         digest.update(part if isinstance(part, bytes) else part.encode())
     with torch.no_grad():  # a sum and every 1009th value: ~0.05 s for SmolLM2's 0.5 GB

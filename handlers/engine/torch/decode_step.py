@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from handlers.engine.torch import graph_constants
+from handlers.engine.torch.attention import cpu_cache_dtype
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.llama_stack import LlamaStack
 from handlers.engine.torch.loader import load_model
@@ -97,7 +98,9 @@ def export_step(step: DecodeStep, spec: GraphSpec, num_slots: int, max_len: int,
     count, heads, head_dim = layers
     rows, seen = spec.example_rows, 64
     capacity = max(seen, min(256, max_len))
-    buffers = [torch.zeros(num_slots, heads, capacity, head_dim) for _ in range(2 * count)]
+    cache = cpu_cache_dtype(step.stack.embed.weight.dtype)
+    buffers = [torch.zeros(num_slots, heads, capacity, head_dim, dtype=cache)
+               for _ in range(2 * count)]
     example = (torch.zeros(rows, 1, dtype=torch.long), torch.full((rows, 1), seen - 1),
                torch.zeros(rows, 1, 1, seen), buffers[:count], buffers[count:])
     row_dim = Dim("rows", min=spec.min_rows, max=spec.max_rows) if spec.max_rows > 1 \

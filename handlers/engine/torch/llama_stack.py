@@ -73,6 +73,7 @@ class LlamaStack:
         cos, sin = self.rotary(x, position_ids=positions)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, T, 1, D]: one angle for every head
         rows, width = ids.shape
+        counts = positions + 1  # a slot holds its sequence from position 0: keys 0..p
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv.fused(_rms_norm(layer.norm_in, x)).view(rows, width, -1, self.head_dim)
             qk = qkv[:, :, : layer.qk_heads]  # queries and keys rotate as one tensor
@@ -80,7 +81,8 @@ class LlamaStack:
             q, k = qk[:, :, : layer.q_heads].transpose(1, 2), qk[:, :, layer.q_heads :]
             k, v = cache.update(k.transpose(1, 2), qkv[:, :, layer.qk_heads :].transpose(1, 2),
                                 index)
-            a, _ = slot_cache_attention(None, q, k, v, mask, scaling=self.scaling)
+            a, _ = slot_cache_attention(None, q, k, v, mask, scaling=self.scaling,
+                                        counts=counts)
             x = x + layer.out(a.reshape(rows, width, -1))
             gate, up = layer.gate_up.fused(_rms_norm(layer.norm_post, x)).split(layer.mlp_sizes,
                                                                                 dim=-1)

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from handlers.engine.torch.attention import use_slot_cache_attention
+from handlers.engine.torch.attention import (
+    cpu_cache_dtype,
+    use_slot_cache_attention,
+    visible_keys,
+)
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.kv_cache import SavedPrefix, SlotKVCache
@@ -45,8 +49,10 @@ class ModelRunner:
         )
         self.device = model.device
         self.dtype = model.dtype
-        # On the CPU a 16-bit model keeps its cache and attention in float32 (see attention.py).
-        self.cache_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        # On the CPU attention runs in float32, over a bf16 or float32 cache (see attention.py).
+        cpu = self.device.type == "cpu"
+        self.cache_dtype = cpu_cache_dtype(self.dtype) if cpu else self.dtype
+        self.mask_dtype = torch.float32 if cpu else self.dtype
         if self.device.type == "cpu":
             use_slot_cache_attention(model)
         self.vocab_size = model.get_output_embeddings().out_features
@@ -69,13 +75,13 @@ class ModelRunner:
         # no grouped-query kernel but the math one, slower than transformers' repeated heads.
         self._stack = LlamaStack.of(model) if self.device.type == "cpu" else None
         self._lm_head = model.get_output_embeddings()
-        self._neg_inf = torch.finfo(self.cache_dtype).min
+        self._neg_inf = torch.finfo(self.mask_dtype).min
         # With fewer rows than threads, torch splits a row's reductions (RMSNorm's mean) across
         # threads, in another order than when each row has a thread: results depend on the batch
-        # size. In 16-bit that flips roundings, and so sampled tokens; a 16-bit decode pass
-        # therefore runs at least this many rows, repeating row 0 (it writes the same cache
+        # size. In 16-bit that flips roundings, and so sampled tokens; a 16-bit decode pass on the
+        # CPU therefore runs at least this many rows, repeating row 0 (it writes the same cache
         # entry with the same bits). float32 differences stay ~1e-6, not worth a slower B=1.
-        self.min_rows = torch.get_num_threads() if self.dtype != torch.float32 else 1
+        self.min_rows = torch.get_num_threads() if cpu and self.dtype != torch.float32 else 1
 
     @torch.inference_mode()
     def decode(self, token_ids: list[int], lengths: list[int], first_slot: int = 0) -> torch.Tensor:
@@ -129,17 +135,13 @@ class ModelRunner:
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
         if self._stack is not None:
             return self._stack.forward(ids, positions, mask, self.cache)
-        out = self._decoder(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=mask,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
+        with visible_keys(positions + 1):  # what slot_cache_attention computes over
+            out = self._decoder(input_ids=ids, position_ids=positions, attention_mask=mask,
+                                past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
-        zero = torch.zeros((), dtype=self.cache_dtype, device=self.device)
+        zero = torch.zeros((), dtype=self.mask_dtype, device=self.device)
         return torch.where(visible, zero, self._neg_inf)
 
     def move(self, src: int, dst: int, length: int) -> None:

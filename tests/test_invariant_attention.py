@@ -1,0 +1,102 @@
+"""The CPU attention kernel: SDPA's answer, and for a query the same bits whatever else is in its
+pass (the batch's rows and padded length, the query's place in its chunk, the slot, the threads)."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from handlers.engine.torch import attention, invariant_attention
+from handlers.engine.torch.invariant_attention import kernel
+
+pytestmark = pytest.mark.skipif(kernel() is None, reason="no C++ compiler here")
+MIN = torch.finfo(torch.float32).min
+
+
+def _sdpa(q, k, v, counts):
+    keys = torch.arange(k.shape[2])
+    mask = torch.where(keys[None, None, :] < counts[:, :, None], 0.0, MIN)[:, None]
+    out = scaled_dot_product_attention(q, k.float(), v.float(), attn_mask=mask, scale=0.125,
+                                       enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 7, 40])
+def test_it_gives_sdpas_answer_over_grouped_heads(cache, width):
+    torch.manual_seed(0)
+    buffers = [torch.randn(6, 3, 512, 64).to(cache) for _ in range(2)]
+    k, v = (b[2:5, :, :300] for b in buffers)  # slots 2..4 of the cache, read in place
+    q = torch.randn(3, 9, width, 64)
+    ends = torch.tensor([300, 250, 131])
+    counts = ends[:, None] - width + 1 + torch.arange(width)[None, :]
+    got = kernel()(q, k, v, counts, 0.125)
+    assert got.shape == (3, width, 9, 64) and got.dtype == torch.float32
+    torch.testing.assert_close(got, _sdpa(q, k, v, counts), rtol=1e-5, atol=1e-5)
+
+
+def test_a_query_sees_nothing_past_its_count():
+    torch.manual_seed(1)
+    k, v, q = torch.randn(1, 2, 64, 16), torch.randn(1, 2, 64, 16), torch.randn(1, 2, 1, 16)
+    changed_k, changed_v = k.clone(), v.clone()
+    changed_k[:, :, 10:], changed_v[:, :, 10:] = 1e4, -1e4
+    counts = torch.tensor([[10]])
+    assert torch.equal(kernel()(q, k, v, counts, 0.25), kernel()(q, changed_k, changed_v,
+                                                                 counts, 0.25))
+    assert kernel()(q, k, v, torch.tensor([[0]]), 0.25).abs().sum() == 0
+
+
+@pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
+def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache):
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    for _ in range(60):
+        seen = rng.randint(1, 1200)
+        keys, values = torch.randn(3, seen, 64), torch.randn(3, seen, 64)
+        query = torch.randn(9, 64)
+        # alone: one row, one query, exactly its keys
+        alone = kernel()(query[None, :, None], keys[None].to(cache), values[None].to(cache),
+                         torch.tensor([[seen]]), 0.125)[0, 0]
+        # in a pass: another row, at another place in a chunk, a longer padded length
+        rows, width = rng.randint(2, 6), rng.randint(1, 48)
+        row, place = rng.randrange(rows), rng.randrange(width)
+        length = seen + rng.randint(0, 300)
+        k, v = torch.randn(rows, 3, length, 64), torch.randn(rows, 3, length, 64)
+        k[row, :, :seen], v[row, :, :seen] = keys, values
+        q = torch.randn(rows, 9, width, 64)
+        q[row, :, place] = query
+        counts = torch.randint(1, length + 1, (rows, width))
+        counts[row, place] = seen
+        torch.set_num_threads(rng.choice([1, threads]))
+        try:
+            crowd = kernel()(q, k.to(cache), v.to(cache), counts, 0.125)[row, place]
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(alone, crowd), (seen, rows, width, row, place, length)
+
+
+def test_without_a_compiler_attention_stays_on_sdpa_over_a_float32_cache(monkeypatch, caplog):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setenv("LMI_CACHE_DIR", "/nonexistent-cache")
+    invariant_attention.kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert invariant_attention.kernel() is None
+        assert "could not be built" in caplog.text and "SDPA" in caplog.text
+        assert attention.cpu_cache_dtype(torch.bfloat16) == torch.float32
+        q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+        counts = torch.tensor([[6, 7, 8]])
+        mask = torch.where(torch.arange(8)[None, None, :] < counts[:, :, None], 0.0, MIN)[:, None]
+        out, _ = attention.slot_cache_attention(None, q, k, v, mask, scaling=0.25, counts=counts)
+        expected = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25,
+                                                enable_gqa=True).transpose(1, 2)
+        assert torch.equal(out, expected)
+    finally:
+        monkeypatch.undo()
+        invariant_attention.kernel.cache_clear()
+    assert attention.cpu_cache_dtype(torch.bfloat16) == torch.bfloat16
