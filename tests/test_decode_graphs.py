@@ -1,9 +1,10 @@
 """The compiled CPU decode step (handlers/engine/torch/decode_graphs.py) on the tiny Llama:
-compiled for real in its subprocess (a few minutes, once per module), it gives the eager step's
-tokens and logits at one row and at several; the constants are stored once, beside the code,
-and mapped; a second start loads the cached packages without compiling; a compile that fails
-leaves the eager step serving; and a server with the default option.enforce_eager=false
-decodes through the graphs and answers as an eager one does."""
+compiled for real in its subprocess (a few minutes, once per module), in float32 it gives the
+eager step's tokens and logits at one row and at several, and its constants are stored once,
+beside the code, and mapped; in bfloat16 one graph serves every row count and gives a row the
+same logits whatever the count; a second start loads the cached packages without compiling; a
+compile that fails leaves the eager step serving; and a server with the default
+option.enforce_eager=false decodes through the graphs and answers as an eager one does."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
-def fresh(tiny_dir: Path) -> LoadedModel:
-    return load_model(tiny_dir, dtype="fp32", device="cpu")
+def fresh(tiny_dir: Path, dtype: str = "fp32") -> LoadedModel:
+    return load_model(tiny_dir, dtype=dtype, device="cpu")
 
 
 def started(loaded: LoadedModel, cache_dir: Path) -> DecodeGraphs:
@@ -112,11 +113,35 @@ def test_other_weights_or_batch_slots_get_graphs_of_their_own(tiny_dir, cache_di
     assert DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir).directory != directory
 
 
-def test_graphs_are_for_float32_on_the_cpu(tiny_dir, cache_dir, caplog):
-    loaded = load_model(tiny_dir, dtype="bf16", device="cpu")
+def test_graphs_are_for_float32_and_bfloat16_on_the_cpu(tiny_dir, cache_dir, caplog):
+    loaded = load_model(tiny_dir, dtype="fp16", device="cpu")
     with caplog.at_level(logging.INFO, logger="handlers.engine.torch.decode_graphs"):
         assert DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir) is None
-    assert "compiled only for float32 on the CPU" in caplog.text
+    assert "compiled only for float32 and bfloat16 on the CPU" in caplog.text
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                    reason="this CPU has no bf16 matmul kernels (auto serves float32 here)")
+def test_in_bfloat16_one_graph_gives_a_row_the_same_logits_whatever_the_row_count(
+        tiny_dir, cache_dir):
+    loaded = fresh(tiny_dir, "bf16")
+    graphs = started(loaded, cache_dir)
+    assert graphs.counts() == {"decode_graphs_ready": 1, "decode_graphs_total": 1}
+    eager = ModelRunner(fresh(tiny_dir, "bf16").model, SLOTS, loaded.max_model_len)
+    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs)
+    prompts = [list(range(5 + row, 20 + 7 * row)) for row in range(8)]
+    for runner in (eager, fast):
+        runner.prefill([PrefillChunk(slot, ids, 0) for slot, ids in enumerate(prompts)])
+    token, length = prompts[0][-1], len(prompts[0])
+    for _ in range(20):
+        alone = fast.decode([token], [length])[0]
+        for rows in (3, 8):  # the other rows write their slots at the same positions each time
+            crowd = fast.decode([token] + [p[-1] for p in prompts[1:rows]],
+                                [length] + [len(p) for p in prompts[1:rows]])[0]
+            assert torch.equal(crowd, alone)
+        want = eager.decode([token], [length])[0]
+        torch.testing.assert_close(alone, want, rtol=0.05, atol=0.05)  # bf16's roundings
+        token, length = int(alone.argmax()), length + 1
 
 
 def test_a_compile_that_fails_leaves_the_eager_step_serving(tiny_dir, tmp_path, caplog):

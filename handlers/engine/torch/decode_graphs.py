@@ -50,6 +50,7 @@ MEMORY_FACTOR = 6
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
          "invariant_attention.py", "fused_projections.py", "graph_constants.py")
 Graph = Callable[..., torch.Tensor]
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
 class DecodeGraphs:
@@ -74,11 +75,11 @@ class DecodeGraphs:
         if why_not:
             log.info("decode step runs eagerly: %s", why_not)
             return None
-        job = {"source": loaded.source, "dtype": "fp32", "max_model_len": loaded.max_model_len,
-               "num_slots": num_slots, "max_len": max_len}
+        job = {"source": loaded.source, "dtype": _DTYPES[loaded.dtype],
+               "max_model_len": loaded.max_model_len, "num_slots": num_slots, "max_len": max_len}
         key = _key(loaded.model, job)
         directory = (cache_dir or default_cache_dir()) / "decode-graphs" / key
-        return DecodeGraphs(directory, job, graph_specs(num_slots))
+        return DecodeGraphs(directory, job, graph_specs(num_slots, job["dtype"]))
 
     def start(self) -> None:
         """Load the graphs from the cache, or compile them beside the server (once)."""
@@ -117,11 +118,13 @@ class DecodeGraphs:
         if not path.exists():
             return False
         began = time.perf_counter()
-        for file in path, self.directory / f"{spec.name}{graph_constants.SUFFIX}":
+        constants = self.directory / f"{spec.name}{graph_constants.SUFFIX}"
+        for file in (path, constants) if constants.exists() else (path,):
             _read_ahead(file)
         graph = torch._inductor.aoti_load_package(str(path))
         _remove_extracted()
-        self._constants.attach(graph, spec.name)
+        if constants.exists():  # else they are in the package (bf16's packed weights)
+            self._constants.attach(graph, spec.name)
         self._graphs[spec.name] = graph
         log.info("decode graph %s ready (%s, loaded in %.1f s)", spec.name, path,
                  time.perf_counter() - began)
@@ -171,8 +174,9 @@ def _remove_extracted() -> None:
 
 
 def _not_applicable(loaded: LoadedModel) -> str | None:
-    if loaded.device.type != "cpu" or loaded.dtype != torch.float32:
-        return f"compiled only for float32 on the CPU (here {loaded.dtype} on {loaded.device})"
+    if loaded.device.type != "cpu" or loaded.dtype not in _DTYPES:
+        return (f"compiled only for float32 and bfloat16 on the CPU (here {loaded.dtype} on "
+                f"{loaded.device})")
     if not is_llama(loaded.model):
         return f"compiled only for Llama-architecture models (not {type(loaded.model).__name__})"
     weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())

@@ -30,12 +30,21 @@ from handlers.engine.torch.attention import cpu_cache_dtype
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.llama_stack import LlamaStack
 from handlers.engine.torch.loader import load_model
+from handlers.engine.torch.onednn_linear import use_onednn_linears
 
-# Inductor's settings live in the thread that compiles (set elsewhere they do not reach it):
-# frozen weights, prepacked for the C++ GEMM template, each GEMM's kernel chosen by timing.
-INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
-# The constants pickled beside the code, not in it: graph_constants.py moves them to a file the
-# server maps.
+# Inductor's settings live in the thread that compiles (set elsewhere they do not reach it).
+# float32: frozen weights prepacked for the C++ GEMM template, each GEMM's kernel chosen by timing
+# (it reads a one-row step's weights faster than oneDNN's GEMV). bfloat16: the linears oneDNN
+# runs in the eager step, packed by the server's own code (onednn_linear.py), whose result for a
+# row does not depend on the row count; one graph for every row count then keeps a row's text
+# independent of its batch (the C++ template converts bf16 to float32 and is slower in batches).
+INDUCTOR = {
+    "fp32": {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"},
+    "bf16": {"freezing": True},
+}
+# float32 constants are pickled beside the code, not in it: graph_constants.py moves them to a file
+# the server maps. oneDNN's packed bf16 weights (an opaque layout) cannot be pickled and stay in
+# the library.
 PACKAGING = {"aot_inductor.package_constants_in_so": False,
              "aot_inductor.package_constants_on_disk_format": "pickle_weights"}
 
@@ -48,7 +57,11 @@ class GraphSpec:
     example_rows: int  # the row count autotuning times the GEMMs at
 
 
-def graph_specs(num_slots: int) -> list[GraphSpec]:
+def graph_specs(num_slots: int, dtype: str) -> list[GraphSpec]:
+    """float32: one row, and 2..num_slots rows (each autotuned for its shape); bfloat16: one graph
+    for every row count."""
+    if dtype == "bf16":
+        return [GraphSpec(f"rows-1-{num_slots}", 1, num_slots, min(16, num_slots))]
     specs = [GraphSpec("rows-1", 1, 1, 1)]
     if num_slots >= 2:
         specs.append(GraphSpec(f"rows-2-{num_slots}", 2, num_slots, min(16, num_slots)))
@@ -116,13 +129,15 @@ def compile_graphs(job: dict) -> None:
     directory = Path(job["directory"])
     with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another server compiling the same: wait for it
-        wanted = [s for s in graph_specs(job["num_slots"]) if s.name in job["graphs"]
+        wanted = [s for s in graph_specs(job["num_slots"], job["dtype"]) if s.name in job["graphs"]
                   and not (directory / f"{s.name}.pt2").exists()]
         if not wanted:
             return
         loaded = load_model(Path(job["source"]), dtype=job["dtype"], device="cpu",
                             max_model_len=job["max_model_len"])
         fuse_projections(loaded.model)
+        if job["dtype"] == "bf16":
+            use_onednn_linears(loaded.model, loaded.dtype)
         step = DecodeStep(loaded.model).eval()
         config = loaded.model.config
         heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
@@ -136,10 +151,13 @@ def _package(step: DecodeStep, spec: GraphSpec, job: dict, layers: tuple[int, in
     began = time.perf_counter()
     program = export_step(step, spec, job["num_slots"], job["max_len"], layers)
     partial = directory / f"{spec.name}.partial.pt2"
-    with torch._inductor.config.patch(INDUCTOR):
+    inductor = INDUCTOR[job["dtype"]]
+    packaging = PACKAGING if job["dtype"] == "fp32" else {}
+    with torch._inductor.config.patch(inductor):
         torch._inductor.aoti_compile_and_package(program, package_path=str(partial),
-                                                 inductor_configs={**INDUCTOR, **PACKAGING})
-    graph_constants.split(partial, spec.name, directory)
+                                                 inductor_configs={**inductor, **packaging})
+    if packaging:
+        graph_constants.split(partial, spec.name, directory)
     os.replace(partial, directory / f"{spec.name}.pt2")  # whole, or not there
     print(f"{spec.name}: compiled in {time.perf_counter() - began:.0f} s", flush=True)
 

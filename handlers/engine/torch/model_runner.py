@@ -88,7 +88,8 @@ class ModelRunner:
         """One token for each row in the contiguous slots first_slot.., whose `lengths` tokens are
         cached already. Returns float32 logits [B, V]."""
         rows = len(token_ids)
-        pad = max(0, self.min_rows - rows)
+        graph = None if self.graphs is None or first_slot else self.graphs.for_rows(rows)
+        pad = 0 if graph is not None else max(0, self.min_rows - rows)  # a graph: one per row
         ids = torch.tensor(token_ids + token_ids[:1] * pad, device=self.device)[:, None]
         lens = torch.tensor(lengths + lengths[:1] * pad, device=self.device)
         read_len = int(lens.max()) + 1
@@ -98,7 +99,6 @@ class ModelRunner:
         if pad:
             slots = torch.tensor([*range(first_slot, first_slot + rows), *[first_slot] * pad])
         self.cache.bind(slots, lens[:, None], read_len)
-        graph = None if self.graphs is None or first_slot or pad else self.graphs.for_rows(rows)
         if graph is not None:
             return graph(ids, lens[:, None], mask, self.cache.keys, self.cache.values)
         hidden = self._forward(ids, lens[:, None], mask)
