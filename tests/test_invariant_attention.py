@@ -11,9 +11,9 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention
 
 from handlers.engine.torch import attention, invariant_attention
-from handlers.engine.torch.invariant_attention import kernel
+from handlers.engine.torch.invariant_attention import available, slot_attention
 
-pytestmark = pytest.mark.skipif(kernel() is None, reason="no C++ compiler here")
+pytestmark = pytest.mark.skipif(not available(), reason="no C++ compiler here")
 MIN = torch.finfo(torch.float32).min
 
 
@@ -34,8 +34,9 @@ def test_it_gives_sdpas_answer_over_grouped_heads(cache, width):
     q = torch.randn(3, 9, width, 64)
     ends = torch.tensor([300, 250, 131])
     counts = ends[:, None] - width + 1 + torch.arange(width)[None, :]
-    got = kernel()(q, k, v, counts, 0.125)
+    got = slot_attention(q, k, v, counts, 0.125)
     assert got.shape == (3, width, 9, 64) and got.dtype == torch.float32
+    assert slot_attention(q.bfloat16(), k, v, counts, 0.125).dtype == torch.bfloat16
     torch.testing.assert_close(got, _sdpa(q, k, v, counts), rtol=1e-5, atol=1e-5)
 
 
@@ -45,9 +46,9 @@ def test_a_query_sees_nothing_past_its_count():
     changed_k, changed_v = k.clone(), v.clone()
     changed_k[:, :, 10:], changed_v[:, :, 10:] = 1e4, -1e4
     counts = torch.tensor([[10]])
-    assert torch.equal(kernel()(q, k, v, counts, 0.25), kernel()(q, changed_k, changed_v,
-                                                                 counts, 0.25))
-    assert kernel()(q, k, v, torch.tensor([[0]]), 0.25).abs().sum() == 0
+    assert torch.equal(slot_attention(q, k, v, counts, 0.25),
+                       slot_attention(q, changed_k, changed_v, counts, 0.25))
+    assert slot_attention(q, k, v, torch.tensor([[0]]), 0.25).abs().sum() == 0
 
 
 @pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
@@ -60,7 +61,7 @@ def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache):
         keys, values = torch.randn(3, seen, 64), torch.randn(3, seen, 64)
         query = torch.randn(9, 64)
         # alone: one row, one query, exactly its keys
-        alone = kernel()(query[None, :, None], keys[None].to(cache), values[None].to(cache),
+        alone = slot_attention(query[None, :, None], keys[None].to(cache), values[None].to(cache),
                          torch.tensor([[seen]]), 0.125)[0, 0]
         # in a pass: another row, at another place in a chunk, a longer padded length
         rows, width = rng.randint(2, 6), rng.randint(1, 48)
@@ -74,7 +75,7 @@ def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache):
         counts[row, place] = seen
         torch.set_num_threads(rng.choice([1, threads]))
         try:
-            crowd = kernel()(q, k.to(cache), v.to(cache), counts, 0.125)[row, place]
+            crowd = slot_attention(q, k.to(cache), v.to(cache), counts, 0.125)[row, place]
         finally:
             torch.set_num_threads(threads)
         assert torch.equal(alone, crowd), (seen, rows, width, row, place, length)
@@ -83,10 +84,10 @@ def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache):
 def test_without_a_compiler_attention_stays_on_sdpa_over_a_float32_cache(monkeypatch, caplog):
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     monkeypatch.setenv("LMI_CACHE_DIR", "/nonexistent-cache")
-    invariant_attention.kernel.cache_clear()
+    invariant_attention.available.cache_clear()
     try:
         with caplog.at_level(logging.WARNING):
-            assert invariant_attention.kernel() is None
+            assert not invariant_attention.available()
         assert "could not be built" in caplog.text and "SDPA" in caplog.text
         assert attention.cpu_cache_dtype(torch.bfloat16) == torch.float32
         q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
@@ -98,5 +99,5 @@ def test_without_a_compiler_attention_stays_on_sdpa_over_a_float32_cache(monkeyp
         assert torch.equal(out, expected)
     finally:
         monkeypatch.undo()
-        invariant_attention.kernel.cache_clear()
+        invariant_attention.available.cache_clear()
     assert attention.cpu_cache_dtype(torch.bfloat16) == torch.bfloat16

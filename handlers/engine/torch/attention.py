@@ -23,7 +23,7 @@ from contextvars import ContextVar
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from handlers.engine.torch.invariant_attention import kernel, slot_attention
+from handlers.engine.torch.invariant_attention import available, slot_attention
 from handlers.engine.torch.llama_model import LlamaCausalLM
 
 NAME = "lmi_slot_cache"
@@ -44,7 +44,7 @@ def visible_keys(counts: torch.Tensor) -> Iterator[None]:
 def cpu_cache_dtype(dtype: torch.dtype) -> torch.dtype:
     """The slot cache's dtype on the CPU for a model in `dtype`: bf16 where the kernel reads it,
     else float32 (an exact up-cast; SDPA then runs in float32)."""
-    return dtype if dtype == torch.bfloat16 and kernel() is not None else torch.float32
+    return dtype if dtype == torch.bfloat16 and available() else torch.float32
 
 
 def slot_cache_attention(module: torch.nn.Module | None, query: torch.Tensor, key: torch.Tensor,
@@ -63,9 +63,9 @@ def slot_cache_attention(module: torch.nn.Module | None, query: torch.Tensor, ke
         out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value,
                                               attention_mask, scaling=scaling, **kwargs)
         return out.to(query.dtype), weights
-    if counts is not None and kernel() is not None:
+    if counts is not None and available():
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        return slot_attention(query, key, value, counts, scale).to(query.dtype), None
+        return slot_attention(query, key, value, counts, scale), None
     out = scaled_dot_product_attention(query.to(key.dtype), key, value, attn_mask=attention_mask,
                                        scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous().to(query.dtype), None

@@ -37,6 +37,7 @@ from torch import nn
 
 from handlers.engine.torch import decode_step, graph_constants
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
+from handlers.engine.torch.invariant_attention import available
 from handlers.engine.torch.llama_model import is_llama
 from handlers.engine.torch.loader import LoadedModel
 from handlers.engine.torch.machine import cpu_flags
@@ -105,6 +106,7 @@ class DecodeGraphs:
 
     def _run(self) -> None:
         try:
+            available()  # the attention op the graphs call, registered before they load
             pending = [spec for spec in self._specs if not self._load_cached(spec)]
             if pending:
                 self._compile(pending)

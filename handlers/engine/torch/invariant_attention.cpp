@@ -1,39 +1,76 @@
-// Attention over the slot KV cache whose result for a query depends on that query, its head and
-// the keys it sees, and on nothing else: not the batch's size or padded length, not the query's
-// place in its chunk, not the slot, not the thread count (invariant_attention.py says why).
-// Each (row, query, head) is one task, computed in one fixed order over exactly its own keys;
-// the vector code is written out (GCC vector extensions, no auto-vectorised remainders) and built
-// with -ffp-contract=off, so every lane and every task does the same arithmetic.
+// lmi::slot_attention: attention over the slot KV cache whose result for a query depends on that
+// query, its head and the keys it sees, and on nothing else: not the batch's size or padded
+// length, not the query's place in its chunk, not the slot, not the thread count
+// (invariant_attention.py says why). Every (query, head) goes through the same steps in the
+// same order over exactly its own keys; a task computes several queries of one row to share the
+// loads, never the arithmetic. The vector code is written out (GCC vector extensions), so no
+// compiler-chosen remainder or alignment peeling depends on where a row sits in memory.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
+#include <memory>
+
+namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
+const int64_t TILE = 16;   // keys one score vector holds
+const int64_t BLOCK = 16;  // queries of a row one task computes
 
-static inline v16 load(const float *p) { v16 v; std::memcpy(&v, p, 64); return v; }
-
-static inline v16 load(const uint16_t *p) {  // bfloat16: the upper half of a float32
-    uint16_t h[16];
-    std::memcpy(h, p, 32);
-    i16 w;
-    for (int i = 0; i < 16; i++) w[i] = (int32_t)h[i] << 16;
+inline v16 load(const float *p) {
     v16 v;
-    std::memcpy(&v, &w, 64);
+    std::memcpy(&v, p, 64);
     return v;
 }
 
-static inline float widen(float x) { return x; }
+typedef uint16_t u16 __attribute__((vector_size(32)));
 
-static inline float widen(uint16_t x) {
-    uint32_t bits = (uint32_t)x << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
+inline v16 load16(const float *p) { return load(p); }
+
+inline v16 load16(const at::BFloat16 *p) {  // bfloat16 is the upper half of a float32
+    u16 h;
+    std::memcpy(&h, p, 32);
+    i16 bits = __builtin_convertvector(h, i16) << 16;
+    v16 v;
+    std::memcpy(&v, &bits, 64);
+    return v;
 }
 
-static inline float tree_sum(v16 v) {
+// r[i][j] = r[j][i]: four rounds of swapping the off-diagonal halves of ever smaller blocks.
+inline void transpose(v16 *r) {
+    static const i16 low[4] = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+        {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+        {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+        {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+    static const i16 high[4] = {
+        {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+        {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+        {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+        {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+    for (int round = 0, step = 8; round < 4; round++, step /= 2)
+        for (int j = 0; j < 16; j++)
+            if (!(j & step)) {
+                v16 a = r[j], b = r[j + step];
+                r[j] = __builtin_shuffle(a, b, low[round]);
+                r[j + step] = __builtin_shuffle(a, b, high[round]);
+            }
+}
+
+inline float widen(float x) { return x; }
+
+inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
+
+inline void narrow(float x, float *to) { *to = x; }
+
+inline void narrow(float x, at::BFloat16 *to) { *to = at::BFloat16(x); }  // nearest even
+
+inline float tree_sum(v16 v) {
     for (int width = 8; width >= 1; width /= 2)
         for (int i = 0; i < width; i++) v[i] += v[i + width];
     return v[0];
@@ -41,7 +78,7 @@ static inline float tree_sum(v16 v) {
 
 // exp(x) for x <= 0: 2^i * p(f) with t = x * log2(e) = i + f, |f| <= 1/2, p a degree-6
 // polynomial (relative error ~1e-7); below -87 it is taken at -87 (~1e-38, nothing to a sum).
-static inline v16 exp_nonpositive(v16 x) {
+inline v16 exp_nonpositive(v16 x) {
     x = x < -87.0f ? (v16){} - 87.0f : x;
     v16 t = x * 1.44269504088896341f;
     i16 i = __builtin_convertvector(t - 0.5f, i16);
@@ -59,88 +96,198 @@ static inline v16 exp_nonpositive(v16 x) {
     return p * scale;
 }
 
+struct Shape {
+    int64_t queries, heads, kv_heads, size;  // per row: T, H, H_kv, D
+    int64_t q_row, q_head, q_step;           // query strides
+    int64_t kv_row, kv_head;                 // key/value strides (positions `size` apart)
+    float scale;
+};
+
+struct Room {  // one thread's scratch, left uninitialised: every use writes before it reads
+    std::unique_ptr<float[]> queries, tile, sums, scores, inverse;
+    Room(int64_t pairs, int64_t size, int64_t keys)
+        : queries(new float[pairs * size]), tile(new float[size * TILE]),  // keys or values
+          sums(new float[pairs * size]), scores(new float[pairs * keys]),
+          inverse(new float[pairs]) {}
+};
+
+// tile[i * 16 + j] = key j0 + j's element i (0 past the last key).
 template <typename C>
-static float dot(const float *q, const C *k, int64_t d) {
-    v16 acc = {};
-    int64_t i = 0;
-    for (; i + 16 <= d; i += 16) acc += load(q + i) * load(k + i);
-    float sum = tree_sum(acc);
-    for (; i < d; i++) sum += q[i] * widen(k[i]);
-    return sum;
+void key_tile(const C *k, int64_t j0, int64_t count, int64_t d, float *tile) {
+    int64_t i0 = 0;
+    for (v16 r[16]; i0 + 16 <= d; i0 += 16) {
+        for (int64_t j = 0; j < 16; j++) r[j] = j < count ? load16(k + (j0 + j) * d + i0) : (v16){};
+        transpose(r);
+        for (int64_t i = 0; i < 16; i++) std::memcpy(tile + (i0 + i) * TILE, &r[i], 64);
+    }
+    for (int64_t i = i0; i < d; i++)
+        for (int64_t j = 0; j < TILE; j++) tile[i * TILE + j] = j < count ? widen(k[(j0 + j) * d + i]) : 0.0f;
 }
 
-// One query over keys/values k, v [n, d] (rows d apart): out = softmax(q.k * scale) @ v.
-// `scores` has room for n rounded up to 16.
+// Scores of one task's (query, head) pairs: 16 keys at a time, each the sum over d of
+// q[d] * key[d] taken in d's order (the key tile transposed once for all the pairs).
 template <typename C>
-static void one_query(const float *q, const C *k, const C *v, int64_t n, int64_t d, float scale,
-                      float *scores, float *out) {
-    int64_t padded = (n + 15) & ~int64_t(15);
-    float top = -INFINITY;
-    for (int64_t s = 0; s < n; s++) {
-        scores[s] = dot(q, k + s * d, d) * scale;
-        top = scores[s] > top ? scores[s] : top;
-    }
-    for (int64_t s = n; s < padded; s++) scores[s] = -INFINITY;  // exp: 0, whatever n is
-    v16 total = {};
-    for (int64_t s = 0; s < padded; s += 16) {
-        v16 e = exp_nonpositive(load(scores + s) - top);
-        std::memcpy(scores + s, &e, 64);
-        total += e;
-    }
-    float inverse = 1.0f / tree_sum(total);
-    for (int64_t i = 0; i < d; i++) out[i] = 0.0f;
-    for (int64_t s = 0; s < n; s++) {
-        const C *row = v + s * d;
-        float weight = scores[s];
-        int64_t i = 0;
-        for (; i + 16 <= d; i += 16) {
-            v16 o = load(out + i) + weight * load(row + i);
-            std::memcpy(out + i, &o, 64);
+void scores(const C *k, const int64_t *counts, int64_t pairs, int64_t group, int64_t most,
+            int64_t d, float scale, int64_t keys, Room &room) {
+    for (int64_t j0 = 0; j0 < most; j0 += TILE) {
+        key_tile(k, j0, std::min(TILE, most - j0), d, room.tile.get());
+        for (int64_t p = 0; p < pairs; p++) {
+            int64_t n = counts[p / group];
+            if (j0 >= n) continue;
+            const float *q = room.queries.get() + p * d, *tile = room.tile.get();
+            v16 acc[4] = {};  // four chains over i mod 4, added in one order at the end
+            int64_t i = 0;
+            for (; i + 4 <= d; i += 4)
+                for (int c = 0; c < 4; c++) acc[c] += q[i + c] * load(tile + (i + c) * TILE);
+            for (; i < d; i++) acc[0] += q[i] * load(tile + i * TILE);
+            v16 sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) * scale;
+            for (int64_t j = 0; j < TILE; j++)
+                if (j0 + j >= n) sum[j] = -INFINITY;
+            std::memcpy(room.scores.get() + p * keys + j0, &sum, 64);
         }
-        for (; i < d; i++) out[i] += weight * widen(row[i]);
     }
-    for (int64_t i = 0; i < d; i++) out[i] *= inverse;
 }
 
-// q, out: [B, T, H, D] float32, contiguous. k, v: [B, H_kv, S, D], row b at b * row_stride and
-// KV head h at h * head_stride elements, positions D apart. counts: [B, T], how many keys (a
-// prefix) each query sees; 0 gives zeros.
+// Softmax weights in place, each pair over its own keys (rounded up to 16 with exp(-inf) = 0).
+void softmax(const int64_t *counts, int64_t pairs, int64_t group, int64_t keys, Room &room) {
+    for (int64_t p = 0; p < pairs; p++) {
+        int64_t n = counts[p / group], padded = (n + TILE - 1) / TILE * TILE;
+        float *row = room.scores.get() + p * keys, top = -INFINITY;
+        for (int64_t j = 0; j < n; j++) top = row[j] > top ? row[j] : top;
+        v16 total = {};
+        for (int64_t j = 0; j < padded; j += TILE) {
+            v16 e = exp_nonpositive(load(row + j) - top);
+            std::memcpy(row + j, &e, 64);
+            total += e;
+        }
+        room.inverse[p] = n > 0 ? 1.0f / tree_sum(total) : 0.0f;
+    }
+}
+
+// The weighted sums of values, in key order for every pair: 16 values at a time (widened once
+// for the task's pairs), each pair's sums held in registers across them.
 template <typename C>
-static void attend(const float *q, const C *k, const C *v, int64_t row_stride,
-                   int64_t head_stride, const int64_t *counts, float *out, int64_t B, int64_t T,
-                   int64_t H, int64_t H_kv, int64_t D, float scale, int threads) {
-    int64_t most = 0;
-    for (int64_t i = 0; i < B * T; i++) most = counts[i] > most ? counts[i] : most;
-    int64_t tasks = B * T * H, group = H / H_kv;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = (float *)std::malloc(sizeof(float) * ((most + 15) & ~int64_t(15)) + 64);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < tasks; task++) {
-            int64_t b = task / (T * H), t = task / H % T, h = task % H;
-            int64_t n = counts[b * T + t];
-            float *o = out + task * D;
-            if (n <= 0) {
-                for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
-                continue;
+void weighted(const C *v, const int64_t *counts, int64_t pairs, int64_t group, int64_t most,
+              int64_t d, int64_t keys, Room &room) {
+    std::fill(room.sums.get(), room.sums.get() + pairs * d, 0.0f);
+    float *values = room.tile.get();  // [TILE, d]
+    for (int64_t j0 = 0; j0 < most; j0 += TILE) {
+        int64_t count = std::min(TILE, most - j0);
+        for (int64_t j = 0; j < count; j++) {
+            int64_t i = 0;
+            for (; i + 16 <= d; i += 16) {
+                v16 row = load16(v + (j0 + j) * d + i);
+                std::memcpy(values + j * d + i, &row, 64);
             }
-            int64_t at = b * row_stride + (h / group) * head_stride;
-            one_query(q + task * D, k + at, v + at, n, D, scale, scores, o);
+            for (; i < d; i++) values[j * d + i] = widen(v[(j0 + j) * d + i]);
         }
-        std::free(scores);
+        for (int64_t p = 0; p < pairs; p++) {
+            int64_t upto = std::min(count, counts[p / group] - j0);
+            const float *weights = room.scores.get() + p * keys + j0;
+            float *sum = room.sums.get() + p * d;
+            int64_t i = 0;
+            for (; i + 64 <= d; i += 64) {  // four vectors of sums in registers
+                v16 acc[4];
+                for (int c = 0; c < 4; c++) acc[c] = load(sum + i + 16 * c);
+                for (int64_t j = 0; j < upto; j++)
+                    for (int c = 0; c < 4; c++)
+                        acc[c] += weights[j] * load(values + j * d + i + 16 * c);
+                for (int c = 0; c < 4; c++) std::memcpy(sum + i + 16 * c, &acc[c], 64);
+            }
+            for (; i + 16 <= d; i += 16) {
+                v16 acc = load(sum + i);
+                for (int64_t j = 0; j < upto; j++) acc += weights[j] * load(values + j * d + i);
+                std::memcpy(sum + i, &acc, 64);
+            }
+            for (; i < d; i++)
+                for (int64_t j = 0; j < upto; j++) sum[i] += weights[j] * values[j * d + i];
+        }
     }
 }
 
-extern "C" {
-void attend_f32(const float *q, const float *k, const float *v, int64_t row_stride,
-                int64_t head_stride, const int64_t *counts, float *out, int64_t B, int64_t T,
-                int64_t H, int64_t H_kv, int64_t D, float scale, int threads) {
-    attend(q, k, v, row_stride, head_stride, counts, out, B, T, H, H_kv, D, scale, threads);
+// One task: queries t0..t0+width-1 of row b, with the query heads of KV head h.
+template <typename Q, typename C>
+void task(const Q *q, const C *k, const C *v, const int64_t *counts, Q *out, const Shape &s,
+          int64_t b, int64_t h, int64_t t0, int64_t width, int64_t keys, Room &room) {
+    int64_t group = s.heads / s.kv_heads, pairs = width * group, d = s.size, most = 0;
+    counts += b * s.queries + t0;
+    for (int64_t t = 0; t < width; t++) most = counts[t] > most ? counts[t] : most;
+    const Q *first = q + b * s.q_row + h * group * s.q_head + t0 * s.q_step;
+    for (int64_t t = 0; t < width; t++)
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t i = 0; i < d; i++)
+                room.queries[(t * group + g) * d + i] = widen(first[t * s.q_step + g * s.q_head + i]);
+    int64_t at = b * s.kv_row + h * s.kv_head;
+    scores(k + at, counts, pairs, group, most, d, s.scale, keys, room);
+    softmax(counts, pairs, group, keys, room);
+    weighted(v + at, counts, pairs, group, most, d, keys, room);
+    Q *o = out + ((b * s.queries + t0) * s.heads + h * group) * d;
+    for (int64_t t = 0; t < width; t++)
+        for (int64_t g = 0; g < group; g++)
+            for (int64_t i = 0; i < d; i++)
+                narrow(room.sums[(t * group + g) * d + i] * room.inverse[t * group + g],
+                       o + t * s.heads * d + g * d + i);
 }
 
-void attend_bf16(const float *q, const uint16_t *k, const uint16_t *v, int64_t row_stride,
-                 int64_t head_stride, const int64_t *counts, float *out, int64_t B, int64_t T,
-                 int64_t H, int64_t H_kv, int64_t D, float scale, int threads) {
-    attend(q, k, v, row_stride, head_stride, counts, out, B, T, H, H_kv, D, scale, threads);
+template <typename Q, typename C>
+void attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+            const at::Tensor &counts, at::Tensor &out, const Shape &s) {
+    int64_t rows = query.size(0), blocks = (s.queries + BLOCK - 1) / BLOCK;
+    const int64_t *seen = counts.data_ptr<int64_t>();
+    int64_t most = 0;
+    for (int64_t i = 0; i < rows * s.queries; i++) most = seen[i] > most ? seen[i] : most;
+    int64_t keys = (most + TILE - 1) / TILE * TILE, group = s.heads / s.kv_heads;
+    int64_t tasks = rows * s.kv_heads * blocks;
+    const Q *q = query.data_ptr<Q>();
+    const C *k = key.data_ptr<C>(), *v = value.data_ptr<C>();
+    Q *o = out.data_ptr<Q>();
+#pragma omp parallel num_threads(at::get_num_threads())
+    {
+        Room room(std::min(BLOCK, s.queries) * group, s.size, keys);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; t++) {
+            int64_t b = t / (s.kv_heads * blocks), h = t / blocks % s.kv_heads;
+            int64_t t0 = t % blocks * BLOCK, width = std::min(BLOCK, s.queries - t0);
+            task(q, k, v, seen, o, s, b, h, t0, width, keys, room);
+        }
+    }
 }
+
+// query: [B, H, T, D] (D contiguous); key, value: [B, H_kv, S, D] (each head's positions one
+// after another); counts: [B, T] int64, how many keys (a prefix) each query sees, 0: none.
+// Returns [B, T, H, D] in the query's dtype; float32 or bfloat16 queries and caches.
+at::Tensor slot_attention(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                          const at::Tensor &counts, double scale) {
+    TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.sizes() == key.sizes(),
+                "slot_attention: query [B, H, T, D], key and value [B, H_kv, S, D]");
+    int64_t d = query.size(3);
+    TORCH_CHECK(key.size(0) == query.size(0) && key.size(3) == d &&
+                    query.size(1) % key.size(1) == 0, "slot_attention: mismatched shapes");
+    TORCH_CHECK(query.stride(3) == 1 && key.stride(3) == 1 && key.stride(2) == d &&
+                    value.strides() == key.strides(), "slot_attention: unsupported strides");
+    TORCH_CHECK(counts.scalar_type() == at::kLong && counts.is_contiguous() &&
+                    counts.size(0) == query.size(0) && counts.size(1) == query.size(2),
+                "slot_attention: counts must be contiguous int64 [B, T]");
+    TORCH_CHECK(value.scalar_type() == key.scalar_type(), "slot_attention: key/value dtypes");
+    Shape s{query.size(2), query.size(1), key.size(1), d, query.stride(0), query.stride(1),
+            query.stride(2), key.stride(0), key.stride(1), static_cast<float>(scale)};
+    at::Tensor out = at::empty({query.size(0), query.size(2), query.size(1), d}, query.options());
+    bool q16 = query.scalar_type() == at::kBFloat16, c16 = key.scalar_type() == at::kBFloat16;
+    TORCH_CHECK((q16 || query.scalar_type() == at::kFloat) &&
+                    (c16 || key.scalar_type() == at::kFloat),
+                "slot_attention: float32 or bfloat16 only");
+    if (q16 && c16) attend<at::BFloat16, at::BFloat16>(query, key, value, counts, out, s);
+    else if (q16) attend<at::BFloat16, float>(query, key, value, counts, out, s);
+    else if (c16) attend<float, at::BFloat16>(query, key, value, counts, out, s);
+    else attend<float, float>(query, key, value, counts, out, s);
+    return out;
 }
+
+}  // namespace
+
+TORCH_LIBRARY(lmi, m) {
+    m.def("slot_attention(Tensor query, Tensor key, Tensor value, Tensor counts, float scale) "
+          "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(lmi, CPU, m) { m.impl("slot_attention", &slot_attention); }
