@@ -230,3 +230,30 @@ def test_table_pairs_server_with_generate_and_shows_the_ratio(tmp_path):
 
     plot(levels, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG")
+
+
+# --- the cold-start benchmark -----------------------------------------------------------------
+
+
+def test_cold_start_phases_are_read_from_the_log_relative_to_the_launch(tmp_path):
+    from datetime import datetime
+
+    from bench import cold_start
+
+    launched = datetime(2026, 11, 25, 6, 0, 0).timestamp()
+    log = "\n".join([
+        "2026-11-25 06:00:01,250 INFO lmi_serve: config --model-dir = /x [default]",
+        "INFO:     Started server process [1]",
+        "2026-11-25 06:00:03,000 INFO handlers.engine.torch.loader: Loaded tiny from /x",
+        "2026-11-25 06:00:04,500 INFO lmi_serve: model tiny is ready on http://0.0.0.0:8080",
+    ])
+    phases = cold_start._phases(log, launched)
+    assert phases == pytest.approx({"configured": 1.25, "model loaded": 3.0, "ready": 4.5})
+    runs = [{**phases, "/ping 200": 4.6, "/v1/embeddings": 9.0},
+            {"configured": 1.0, "/ping 200": 5.0, "/v1/embeddings": 8.0}]
+    stats = cold_start.summary(runs)
+    assert stats["/ping 200"] == pytest.approx({"median": 4.8, "min": 4.6, "max": 5.0})
+    assert stats["ready"] == {"median": 4.5, "min": 4.5, "max": 4.5}  # one run had no line
+    assert "| /ping 200 | 4.80 | 4.60 | 5.00 |" in cold_start.format_table(stats)
+    cold_start.plot(runs[:1], tmp_path / "cold.png")
+    assert (tmp_path / "cold.png").stat().st_size > 0
