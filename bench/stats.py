@@ -72,6 +72,9 @@ def summarize(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]
         "tokens": tokens,
         "wall_s": wall_s,
         "tok_s": tokens / wall_s if wall_s > 0 else 0.0,
+        # what went wrong, so a failed request can be traced: up to three, each once
+        "error_examples": sorted({r.error or f"no text in {r.tokens} tokens"
+                                  for r in results if not r.ok})[:3],
     }
     for name in ("ttft", "tpot", "latency"):
         values = [getattr(r, name) for r in ok]

@@ -48,10 +48,12 @@ def test_summarize_counts_only_successful_tokens():
         result(start=0, first=1, last=3, done=3, tokens=3),
         result(start=1, first=2, last=3, done=3, tokens=2, expected=3),  # short
         result(start=0, first=None, last=None, done=4, tokens=0, error="HTTP 500"),
+        result(start=0, first=None, last=None, done=2, tokens=4),  # answered, but no text
     ]
     s = summarize(results, wall_time(results))
     assert s["wall_s"] == 4
-    assert (s["requests"], s["errors"], s["short"], s["tokens"]) == (3, 1, 1, 5)
+    assert (s["requests"], s["errors"], s["short"], s["tokens"]) == (4, 2, 1, 5)
+    assert s["error_examples"] == ["HTTP 500", "no text in 4 tokens"]
     assert s["tok_s"] == pytest.approx(5 / 4)
     assert s["ttft_p50_s"] == pytest.approx(1.0)
     assert s["tpot_p99_s"] == pytest.approx(1.0)

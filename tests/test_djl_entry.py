@@ -47,9 +47,11 @@ def model_dir(root: Path, tiny_dir: Path, **options: str) -> str:
     root.mkdir(exist_ok=True)
     # option.max_input_len is an LMI key this project does not know: DJL's business, not ours.
     # float32, as the reference engine: `auto` may pick bf16, and the answers compare byte for byte.
+    # Eager: DJL's properties are the entry's whole configuration (tests/conftest.py's
+    # OPTION_ENFORCE_EAGER does not reach them), and a compile would run beside the tests.
     lines = [f"option.model_id={tiny_dir}", "option.entryPoint=handlers.djl",
              "option.max_input_len=1024", f"option.max_rolling_batch_size={BATCH}",
-             "option.dtype=fp32"]
+             "option.dtype=fp32", "option.enforce_eager=true"]
     lines += [f"option.{key}={value}" for key, value in options.items()]
     (root / "serving.properties").write_text("\n".join(lines) + "\n")
     return str(root)
@@ -69,7 +71,8 @@ def records(call: Call) -> list[dict[str, str]]:
 
 def test_the_first_call_carries_only_properties_and_loads_the_model(tiny_dir):
     init = Input()
-    init.properties = {"model_id": str(tiny_dir), "rolling_batch": "torch", "device_id": "-1"}
+    init.properties = {"model_id": str(tiny_dir), "rolling_batch": "torch", "device_id": "-1",
+                       "enforce_eager": "true"}
     entry._service.initialized = False
 
     assert entry.handle(init) is None

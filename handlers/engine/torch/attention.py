@@ -43,8 +43,10 @@ def visible_keys(counts: torch.Tensor) -> Iterator[None]:
 
 def cpu_cache_dtype(dtype: torch.dtype) -> torch.dtype:
     """The slot cache's dtype on the CPU for a model in `dtype`: bf16 where the kernel reads it,
-    else float32 (an exact up-cast; SDPA then runs in float32)."""
-    return dtype if dtype == torch.bfloat16 and available() else torch.float32
+    else float32 (an exact up-cast; SDPA then runs in float32). Loads the kernel: the runner
+    asks before its first pass, so no two threads race to."""
+    native = available()
+    return dtype if dtype == torch.bfloat16 and native else torch.float32
 
 
 def slot_cache_attention(module: torch.nn.Module | None, query: torch.Tensor, key: torch.Tensor,
