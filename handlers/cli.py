@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import itertools
 import logging
 import signal
 import sys
@@ -98,12 +99,19 @@ def serve(config: Config) -> int:
     ))
     http = threading.Thread(target=server.run, name="http")  # no signal handlers off main
     stopping = threading.Event()
+    signals = itertools.count()  # how many arrived; the first one stops the server
 
     def stop_server() -> None:
         server.should_exit = True
         ctx.drain()  # gRPC stops taking requests as HTTP does
 
     def on_signal(signum: int, _frame: object) -> None:
+        # Python runs a handler between two bytecodes of the main thread, this handler's own
+        # included: a second signal that landed inside the first one's Event.set waited for a
+        # lock that the interrupted call held (a double Ctrl-C hung the server). Only the first
+        # signal stops it: next() takes the turn in one call, before any lock.
+        if next(signals):
+            return
         log.info("received %s: finishing in-flight requests, then exiting",
                  signal.Signals(signum).name)
         stopping.set()
