@@ -35,6 +35,7 @@ from bench.peer_report import format_table, plot
 from bench.prompts import prompt
 from bench.stats import RequestResult, summarize, wall_time
 from bench.workloads import poisson_trace
+from handlers.engine.torch.machine import cpu_flags
 
 PARAMETERS = 134_515_008  # SmolLM2-135M's, for the bounds
 KV_CACHE_BYTES = 4 << 30  # what our vllm engine gives vLLM's CPU build; vLLM's server too
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
 def machine_info(threads: int) -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
                 .splitlines() if line.startswith("model name")), platform.processor())
-    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+    flags = cpu_flags()
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
     return {"cpu": cpu, "flags": [f for f in wanted if f" {f}" in flags], "threads": threads,
             "bounds": probes.bounds(PARAMETERS, threads)}
