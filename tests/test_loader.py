@@ -13,6 +13,7 @@ import pytest
 import torch
 from tiny_model import make_tiny_model_dir
 
+from handlers.engine.plain_tokenizer import PlainTokenizer
 from handlers.engine.torch import loader
 from handlers.engine.torch.loader import file_sha256, load_model, resolve_device, resolve_dtype
 from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
@@ -199,7 +200,7 @@ def test_a_tiny_hf_directory_loads_ready_to_serve(tiny_dir: Path) -> None:
     assert loaded.eos_token_ids == {im_end}
     prompt = loaded.tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n")
-    ids = loaded.tokenizer(prompt).input_ids
+    ids = loaded.tokenizer.encode(prompt)
     [logits] = ModelRunner(loaded.model, 1, 64).prefill([PrefillChunk(0, ids, 0, all_logits=True)])
     assert logits.shape == (len(ids), len(loaded.tokenizer))
 
@@ -276,14 +277,16 @@ def test_the_embedded_default_reloads_identically_from_the_cache(tmp_path: Path)
         assert loaded.max_model_len == 8192
         assert loaded.dtype == torch.float32
     assert warm.eos_token_ids == cold.eos_token_ids == {2}
-    assert warm.tokenizer.all_special_tokens == cold.tokenizer.all_special_tokens
+    # The conversion's tokenizer is transformers'; the cached copy's is read without transformers.
+    assert isinstance(warm.tokenizer, PlainTokenizer)
+    assert warm.tokenizer.all_special_ids == cold.tokenizer.all_special_ids
     render = [
         t.tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
         for t in (cold, warm)
     ]
     assert render[0] == render[1]
     assert render[0].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
-    ids = [t.tokenizer(render[0]).input_ids for t in (cold, warm)]
+    ids = [t.tokenizer.encode(render[0]) for t in (cold, warm)]
     assert ids[0] == ids[1]
     # The cold start's model is transformers' (the conversion's), the warm one's built directly.
     logits = [ModelRunner(t.model, 1, 256).prefill([PrefillChunk(0, ids[0], 0)])[0]

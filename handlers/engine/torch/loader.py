@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from handlers.engine import plain_tokenizer
+from handlers.engine.plain_tokenizer import PlainTokenizer
 from handlers.engine.torch import llama_model
 from handlers.engine.torch.dtype_probe import choose_cpu_dtype
 from handlers.model_fetch import default_cache_dir
@@ -45,9 +47,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 _HASH_CHUNK = 1 << 20
-# tokenizer_config.json class names AutoTokenizer loads as transformers' TokenizersBackend.
-_GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
-
 
 @dataclass
 class LoadedModel:
@@ -156,13 +155,16 @@ def _load_weights(
     return model, tokenizer, origin
 
 
-def _llama_tokenizer(source: Path) -> PreTrainedTokenizerBase:
+def _llama_tokenizer(source: Path) -> PreTrainedTokenizerBase | PlainTokenizer:
     """The tokenizer AutoTokenizer would give a Llama checkpoint, without AutoTokenizer's import
-    of the modeling code: a tokenizer_config.json naming the generic tokenizers-backed class (no
-    remote code) is loaded by that class, anything else by AutoTokenizer."""
+    of the modeling code: a generic tokenizers-backed one (no remote code) is read without
+    transformers where transformers would take it as it is, else by transformers' class; anything
+    else goes through AutoTokenizer."""
+    if (plain := plain_tokenizer.load(source)) is not None:
+        return plain
     config_file = source / "tokenizer_config.json"
     named: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    if named.get("tokenizer_class") in _GENERIC_TOKENIZERS and "auto_map" not in named:
+    if named.get("tokenizer_class") in plain_tokenizer.GENERIC_CLASSES and "auto_map" not in named:
         from transformers import TokenizersBackend
 
         return TokenizersBackend.from_pretrained(source, local_files_only=True)

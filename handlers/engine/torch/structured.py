@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from handlers.engine.plain_tokenizer import PlainTokenizer
 from handlers.engine.types import RequestValidationError, StructuredOutput
 
 if TYPE_CHECKING:
@@ -121,8 +122,10 @@ class Grammars:
                 except ImportError as exc:
                     raise RequestValidationError(
                         param, "structured output needs the xgrammar package") from exc
+                hf = (self._tokenizer.transformers()  # xgrammar reads transformers' only
+                      if isinstance(self._tokenizer, PlainTokenizer) else self._tokenizer)
                 info = xgr.TokenizerInfo.from_huggingface(
-                    self._tokenizer, vocab_size=self._vocab_size,
+                    hf, vocab_size=self._vocab_size,
                     stop_token_ids=self._stop_token_ids)
                 self._control_ids = torch.tensor([i for i, piece in enumerate(info.decoded_vocab)
                                                   if _CONTROL.search(piece)], dtype=torch.long)
