@@ -6,6 +6,7 @@ descriptor behind."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from urllib.parse import urlsplit
 
 import httpx
@@ -100,10 +101,12 @@ async def test_a_thousand_requests_a_third_aborted_and_a_third_timed_out_leak_no
             await run_all(url, 99)  # first: lazily made pools and caches settle
             await asyncio.wait_for(settled(engine), 120)
             await asyncio.wait_for(quiet(process, url), 60)
+            gc.collect()  # files of earlier tests' garbage close now, not between the counts
             before = (process.num_fds(), process.num_threads(), await server_tasks(ctx))
             outcomes = await run_all(url)
             await asyncio.wait_for(settled(engine), 120)
             await asyncio.wait_for(quiet(process, url), 60)
+            gc.collect()
             after = (process.num_fds(), process.num_threads(), await server_tasks(ctx))
     finally:
         await engine.shutdown()
