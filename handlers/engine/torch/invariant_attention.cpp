@@ -29,6 +29,7 @@ inline v16 load(const float *p) {
 }
 
 typedef uint16_t u16 __attribute__((vector_size(32)));
+const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};  // a key's place in its tile
 
 inline v16 load16(const float *p) { return load(p); }
 
@@ -141,8 +142,8 @@ void scores(const C *k, const int64_t *counts, int64_t pairs, int64_t group, int
                 for (int c = 0; c < 4; c++) acc[c] += q[i + c] * load(tile + (i + c) * TILE);
             for (; i < d; i++) acc[0] += q[i] * load(tile + i * TILE);
             v16 sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) * scale;
-            for (int64_t j = 0; j < TILE; j++)
-                if (j0 + j >= n) sum[j] = -INFINITY;
+            if (j0 + TILE > n)  // the keys past the query's own score -inf
+                sum = lane + static_cast<float>(j0) < static_cast<float>(n) ? sum : (v16){} - INFINITY;
             std::memcpy(room.scores.get() + p * keys + j0, &sum, 64);
         }
     }
@@ -153,7 +154,12 @@ void softmax(const int64_t *counts, int64_t pairs, int64_t group, int64_t keys, 
     for (int64_t p = 0; p < pairs; p++) {
         int64_t n = counts[p / group], padded = (n + TILE - 1) / TILE * TILE;
         float *row = room.scores.get() + p * keys, top = -INFINITY;
-        for (int64_t j = 0; j < n; j++) top = row[j] > top ? row[j] : top;
+        v16 most = (v16){} - INFINITY;  // past n the scores are -inf: the padded max is the max
+        for (int64_t j = 0; j < padded; j += TILE) {
+            v16 x = load(row + j);
+            most = x > most ? x : most;
+        }
+        for (int64_t j = 0; j < TILE; j++) top = most[j] > top ? most[j] : top;
         v16 total = {};
         for (int64_t j = 0; j < padded; j += TILE) {
             v16 e = exp_nonpositive(load(row + j) - top);
