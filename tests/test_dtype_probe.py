@@ -39,3 +39,17 @@ def test_the_probe_measures_this_machine():
     dtype, why = dtype_probe.choose_cpu_dtype()
     assert dtype in (torch.float32, torch.bfloat16) and why
     assert dtype_probe.matmul_gflops(torch.float32) > 0
+
+
+def test_a_slow_stretch_during_one_probe_does_not_decide(monkeypatch):
+    """The dtypes are probed in turn, twice, and each keeps its best: a start's other threads
+    once slowed a float32 probe to 4 GFLOP/s; on a CPU where bf16 barely wins, that alone would
+    have picked bf16."""
+    readings = {torch.float32: iter([4.0, 100.0]), torch.bfloat16: iter([110.0, 105.0])}
+    order: list[torch.dtype] = []
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(dtype_probe, "matmul_gflops",
+                        lambda dtype: order.append(dtype) or next(readings[dtype]))
+    dtype, why = dtype_probe.choose_cpu_dtype()
+    assert dtype == torch.float32 and "against float32 100" in why
+    assert order == [torch.float32, torch.bfloat16] * 2

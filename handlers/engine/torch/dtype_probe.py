@@ -11,6 +11,7 @@ import torch
 
 BF16_SPEEDUP_NEEDED = 1.3  # below this, float32's exactness is worth more than the speed
 _ROWS, _SIZE, _REPEATS = 32, 1024, 3  # a decode batch through one projection-sized matmul
+_ROUNDS = 2
 
 
 def choose_cpu_dtype() -> tuple[torch.dtype, str]:
@@ -18,7 +19,11 @@ def choose_cpu_dtype() -> tuple[torch.dtype, str]:
     capability = torch.backends.cpu.get_cpu_capability()
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return torch.float32, f"this CPU ({capability}) has no bf16 matmul kernels"
-    fp32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    best = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    for _ in range(_ROUNDS):  # alternating: a busy stretch of the machine (a start's other
+        for dtype in best:  # threads) slows both dtypes' probes, not one (once: float32 at 4)
+            best[dtype] = max(best[dtype], matmul_gflops(dtype))
+    fp32, bf16 = best[torch.float32], best[torch.bfloat16]
     measured = f"bf16 matmul {bf16:.0f} GFLOP/s against float32 {fp32:.0f} here ({capability})"
     if bf16 >= BF16_SPEEDUP_NEEDED * fp32:
         return torch.bfloat16, measured
