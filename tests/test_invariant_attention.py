@@ -27,17 +27,29 @@ def _sdpa(q, k, v, counts):
 
 @pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [1, 7, 40])
-def test_it_gives_sdpas_answer_over_grouped_heads(cache, width):
+@pytest.mark.parametrize("size", [64, 40, 96, 128])  # whole 64s, a part of 16 left, 16s, 256
+def test_it_gives_sdpas_answer_over_grouped_heads(cache, width, size):
     torch.manual_seed(0)
-    buffers = [torch.randn(6, 3, 512, 64).to(cache) for _ in range(2)]
+    buffers = [torch.randn(6, 3, 512, size).to(cache) for _ in range(2)]
     k, v = (b[2:5, :, :300] for b in buffers)  # slots 2..4 of the cache, read in place
-    q = torch.randn(3, 9, width, 64)
+    q = torch.randn(3, 9, width, size)
     ends = torch.tensor([300, 250, 131])
     counts = ends[:, None] - width + 1 + torch.arange(width)[None, :]
     got = slot_attention(q, k, v, counts, 0.125)
-    assert got.shape == (3, width, 9, 64) and got.dtype == torch.float32
+    assert got.shape == (3, width, 9, size) and got.dtype == torch.float32
     assert slot_attention(q.bfloat16(), k, v, counts, 0.125).dtype == torch.bfloat16
     torch.testing.assert_close(got, _sdpa(q, k, v, counts), rtol=1e-5, atol=1e-5)
+
+
+def test_a_head_over_256_is_attended_by_sdpa():
+    torch.manual_seed(2)
+    q, k, v = torch.randn(1, 2, 3, 512), torch.randn(1, 1, 8, 512), torch.randn(1, 1, 8, 512)
+    counts = torch.tensor([[6, 7, 8]])
+    mask = torch.where(torch.arange(8)[None, None, :] < counts[:, :, None], 0.0, MIN)[:, None]
+    with pytest.raises(RuntimeError, match="head size over 256"):
+        slot_attention(q, k, v, counts, 0.125)
+    out, _ = attention.slot_cache_attention(None, q, k, v, mask, scaling=0.125, counts=counts)
+    torch.testing.assert_close(out, _sdpa(q, k, v, counts), rtol=1e-5, atol=1e-5)
 
 
 def test_a_query_sees_nothing_past_its_count():
@@ -52,14 +64,15 @@ def test_a_query_sees_nothing_past_its_count():
 
 
 @pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
-def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache):
+@pytest.mark.parametrize("size", [64, 80])  # decoding's own path for the sums; the general one
+def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache, size):
     rng = random.Random(0)
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     for _ in range(60):
         seen = rng.randint(1, 1200)
-        keys, values = torch.randn(3, seen, 64), torch.randn(3, seen, 64)
-        query = torch.randn(9, 64)
+        keys, values = torch.randn(3, seen, size), torch.randn(3, seen, size)
+        query = torch.randn(9, size)
         # alone: one row, one query, exactly its keys
         alone = slot_attention(query[None, :, None], keys[None].to(cache), values[None].to(cache),
                          torch.tensor([[seen]]), 0.125)[0, 0]
@@ -67,9 +80,9 @@ def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache):
         rows, width = rng.randint(2, 6), rng.randint(1, 48)
         row, place = rng.randrange(rows), rng.randrange(width)
         length = seen + rng.randint(0, 300)
-        k, v = torch.randn(rows, 3, length, 64), torch.randn(rows, 3, length, 64)
+        k, v = torch.randn(rows, 3, length, size), torch.randn(rows, 3, length, size)
         k[row, :, :seen], v[row, :, :seen] = keys, values
-        q = torch.randn(rows, 9, width, 64)
+        q = torch.randn(rows, 9, width, size)
         q[row, :, place] = query
         counts = torch.randint(1, length + 1, (rows, width))
         counts[row, place] = seen

@@ -23,7 +23,7 @@ from contextvars import ContextVar
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from handlers.engine.torch.invariant_attention import available, slot_attention
+from handlers.engine.torch.invariant_attention import MAX_HEAD_SIZE, available, slot_attention
 from handlers.engine.torch.llama_model import LlamaCausalLM
 
 NAME = "lmi_slot_cache"
@@ -65,7 +65,7 @@ def slot_cache_attention(module: torch.nn.Module | None, query: torch.Tensor, ke
         out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value,
                                               attention_mask, scaling=scaling, **kwargs)
         return out.to(query.dtype), weights
-    if counts is not None and available():
+    if counts is not None and query.shape[-1] <= MAX_HEAD_SIZE and available():
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         return slot_attention(query, key, value, counts, scale), None
     out = scaled_dot_product_attention(query.to(key.dtype), key, value, attn_mask=attention_mask,

@@ -42,25 +42,22 @@ inline v16 load16(const at::BFloat16 *p) {  // bfloat16 is the upper half of a f
     return v;
 }
 
-// r[i][j] = r[j][i]: four rounds of swapping the off-diagonal halves of ever smaller blocks.
-inline void transpose(v16 *r) {
-    static const i16 low[4] = {
+// Two vectors' lanes folded in half, in 16/(2*width) groups: a group's first half holds
+// a[l] + a[l + width] for a's lanes l of the group, its second half the same for c.
+template <int width>
+inline v16 fold(v16 a, v16 c) {
+    static const int round = width == 8 ? 0 : width == 4 ? 1 : width == 2 ? 2 : 3;
+    static const i16 first[4] = {
         {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
         {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
         {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
         {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
-    static const i16 high[4] = {
+    static const i16 second[4] = {
         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
         {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
         {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
         {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
-    for (int round = 0, step = 8; round < 4; round++, step /= 2)
-        for (int j = 0; j < 16; j++)
-            if (!(j & step)) {
-                v16 a = r[j], b = r[j + step];
-                r[j] = __builtin_shuffle(a, b, low[round]);
-                r[j + step] = __builtin_shuffle(a, b, high[round]);
-            }
+    return __builtin_shuffle(a, c, first[round]) + __builtin_shuffle(a, c, second[round]);
 }
 
 inline float widen(float x) { return x; }
@@ -112,36 +109,66 @@ struct Room {  // one thread's scratch, left uninitialised: every use writes bef
           inverse(new float[pairs]) {}
 };
 
-// tile[i * 16 + j] = key j0 + j's element i (0 past the last key).
-template <typename C>
-void key_tile(const C *k, int64_t j0, int64_t count, int64_t d, float *tile) {
-    int64_t i0 = 0;
-    for (v16 r[16]; i0 + 16 <= d; i0 += 16) {
-        for (int64_t j = 0; j < 16; j++) r[j] = j < count ? load16(k + (j0 + j) * d + i0) : (v16){};
-        transpose(r);
-        for (int64_t i = 0; i < 16; i++) std::memcpy(tile + (i0 + i) * TILE, &r[i], 64);
-    }
-    for (int64_t i = i0; i < d; i++)
-        for (int64_t j = 0; j < TILE; j++) tile[i * TILE + j] = j < count ? widen(k[(j0 + j) * d + i]) : 0.0f;
+// Keys j0.. as float32 rows of d (rows past `count` zero): the cache's own rows where it
+// holds float32 and the tile is whole, else widened into `tile`.
+inline const float *key_rows(const float *k, int64_t j0, int64_t count, int64_t d, float *tile) {
+    if (count == TILE) return k + j0 * d;
+    std::memcpy(tile, k + j0 * d, count * d * sizeof(float));
+    std::fill(tile + count * d, tile + TILE * d, 0.0f);
+    return tile;
 }
 
-// Scores of one task's (query, head) pairs: 16 keys at a time, each the sum over d of
-// q[d] * key[d] taken in d's order (the key tile transposed once for all the pairs).
+inline const float *key_rows(const at::BFloat16 *k, int64_t j0, int64_t count, int64_t d,
+                             float *tile) {
+    for (int64_t j = 0; j < TILE; j++) {
+        int64_t i = 0;
+        for (; j < count && i + 16 <= d; i += 16) {
+            v16 row = load16(k + (j0 + j) * d + i);
+            std::memcpy(tile + j * d + i, &row, 64);
+        }
+        for (; i < d; i++) tile[j * d + i] = j < count ? widen(k[(j0 + j) * d + i]) : 0.0f;
+    }
+    return tile;
+}
+
+// lane i % 16 of a (query, key) dot product: its elements i, i + 16, ... in order.
+inline v16 lanes(const v16 *q, const float *key, int64_t chunks) {
+    v16 acc = {};
+    for (int64_t c = 0; c < chunks; c++) acc += q[c] * load(key + 16 * c);
+    return acc;
+}
+
+// One query's dot products with 16 key rows: each key's 16 lanes summed in one tree (l with
+// l + 8, then + 4, + 2, + 1), the keys taken in bit-reversed order so that the folds leave key j
+// in lane j; elements past the last whole 16 added after, in order.
+inline v16 dots(const float *q, const float *rows, int64_t d) {
+    static const int reversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    int64_t chunks = d / 16;
+    v16 qv[16];  // d <= 256
+    for (int64_t c = 0; c < chunks; c++) qv[c] = load(q + 16 * c);
+    v16 eighths[8], quarters[4], halves[2];
+    for (int m = 0; m < 8; m++)
+        eighths[m] = fold<8>(lanes(qv, rows + reversed[2 * m] * d, chunks),
+                             lanes(qv, rows + reversed[2 * m + 1] * d, chunks));
+    for (int m = 0; m < 4; m++) quarters[m] = fold<4>(eighths[2 * m], eighths[2 * m + 1]);
+    for (int m = 0; m < 2; m++) halves[m] = fold<2>(quarters[2 * m], quarters[2 * m + 1]);
+    v16 sum = fold<1>(halves[0], halves[1]);
+    for (int64_t i = chunks * 16; i < d; i++)
+        for (int64_t j = 0; j < TILE; j++) sum[j] += q[i] * rows[j * d + i];
+    return sum;
+}
+
+// Scores of one task's (query, head) pairs, 16 keys at a time; a pair's score for a key is its
+// dot product (dots) times the scale, whatever the other pairs are.
 template <typename C>
 void scores(const C *k, const int64_t *counts, int64_t pairs, int64_t group, int64_t most,
             int64_t d, float scale, int64_t keys, Room &room) {
     for (int64_t j0 = 0; j0 < most; j0 += TILE) {
-        key_tile(k, j0, std::min(TILE, most - j0), d, room.tile.get());
+        const float *rows = key_rows(k, j0, std::min(TILE, most - j0), d, room.tile.get());
         for (int64_t p = 0; p < pairs; p++) {
             int64_t n = counts[p / group];
             if (j0 >= n) continue;
-            const float *q = room.queries.get() + p * d, *tile = room.tile.get();
-            v16 acc[4] = {};  // four chains over i mod 4, added in one order at the end
-            int64_t i = 0;
-            for (; i + 4 <= d; i += 4)
-                for (int c = 0; c < 4; c++) acc[c] += q[i + c] * load(tile + (i + c) * TILE);
-            for (; i < d; i++) acc[0] += q[i] * load(tile + i * TILE);
-            v16 sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) * scale;
+            v16 sum = dots(room.queries.get() + p * d, rows, d) * scale;
             if (j0 + TILE > n)  // the keys past the query's own score -inf
                 sum = lane + static_cast<float>(j0) < static_cast<float>(n) ? sum : (v16){} - INFINITY;
             std::memcpy(room.scores.get() + p * keys + j0, &sum, 64);
@@ -211,6 +238,40 @@ void weighted(const C *v, const int64_t *counts, int64_t pairs, int64_t group, i
     }
 }
 
+// The weighted sums of `pairs` pairs (at most 4) that see the same n keys, for d a multiple of
+// 64: 64 elements at a time, held in registers over all the keys, each value row widened once
+// for all the pairs. The same arithmetic, key by key, as `weighted` (decoding's case: one query
+// a task).
+template <int pairs, typename C>
+void weighted_alike(const C *v, int64_t n, int64_t d, int64_t keys, const float *weights,
+                    float *sums) {
+    for (int64_t i = 0; i < d; i += 64) {
+        v16 acc[pairs][4] = {};
+        for (int64_t j = 0; j < n; j++) {
+            v16 row[4];
+            for (int c = 0; c < 4; c++) row[c] = load16(v + j * d + i + 16 * c);
+            for (int p = 0; p < pairs; p++)
+                for (int c = 0; c < 4; c++) acc[p][c] += weights[p * keys + j] * row[c];
+        }
+        for (int p = 0; p < pairs; p++)
+            for (int c = 0; c < 4; c++) std::memcpy(sums + p * d + i + 16 * c, &acc[p][c], 64);
+    }
+}
+
+template <typename C>
+void weighted_alike(const C *v, int64_t n, int64_t pairs, int64_t d, int64_t keys, Room &room) {
+    for (int64_t p = 0; p < pairs; p += 4) {
+        const float *weights = room.scores.get() + p * keys;
+        float *sums = room.sums.get() + p * d;
+        switch (std::min<int64_t>(4, pairs - p)) {
+            case 1: weighted_alike<1>(v, n, d, keys, weights, sums); break;
+            case 2: weighted_alike<2>(v, n, d, keys, weights, sums); break;
+            case 3: weighted_alike<3>(v, n, d, keys, weights, sums); break;
+            default: weighted_alike<4>(v, n, d, keys, weights, sums);
+        }
+    }
+}
+
 // One task: queries t0..t0+width-1 of row b, with the query heads of KV head h.
 template <typename Q, typename C>
 void task(const Q *q, const C *k, const C *v, const int64_t *counts, Q *out, const Shape &s,
@@ -226,7 +287,8 @@ void task(const Q *q, const C *k, const C *v, const int64_t *counts, Q *out, con
     int64_t at = b * s.kv_row + h * s.kv_head;
     scores(k + at, counts, pairs, group, most, d, s.scale, keys, room);
     softmax(counts, pairs, group, keys, room);
-    weighted(v + at, counts, pairs, group, most, d, keys, room);
+    if (width == 1 && d % 64 == 0) weighted_alike(v + at, counts[0], pairs, d, keys, room);
+    else weighted(v + at, counts, pairs, group, most, d, keys, room);
     Q *o = out + ((b * s.queries + t0) * s.heads + h * group) * d;
     for (int64_t t = 0; t < width; t++)
         for (int64_t g = 0; g < group; g++)
@@ -269,6 +331,7 @@ at::Tensor slot_attention(const at::Tensor &query, const at::Tensor &key, const 
     int64_t d = query.size(3);
     TORCH_CHECK(key.size(0) == query.size(0) && key.size(3) == d &&
                     query.size(1) % key.size(1) == 0, "slot_attention: mismatched shapes");
+    TORCH_CHECK(d <= 256, "slot_attention: head size over 256");  // dots' query registers
     TORCH_CHECK(query.stride(3) == 1 && key.stride(3) == 1 && key.stride(2) == d &&
                     value.strides() == key.strides(), "slot_attention: unsupported strides");
     TORCH_CHECK(counts.scalar_type() == at::kLong && counts.is_contiguous() &&

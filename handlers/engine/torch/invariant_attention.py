@@ -33,6 +33,7 @@ from handlers.model_fetch import default_cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("invariant_attention.cpp")
+MAX_HEAD_SIZE = 256  # the kernel holds a query's elements in 16 vector registers
 
 
 def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
