@@ -35,7 +35,7 @@ import psutil
 import torch
 from torch import nn
 
-from handlers.engine.torch import decode_step, graph_constants
+from handlers.engine.torch import decode_step, graph_constants, graph_runner
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
 from handlers.engine.torch.invariant_attention import available
 from handlers.engine.torch.llama_model import is_llama
@@ -123,7 +123,7 @@ class DecodeGraphs:
         constants = self.directory / f"{spec.name}{graph_constants.SUFFIX}"
         for file in (path, constants) if constants.exists() else (path,):
             _read_ahead(file)
-        graph = torch._inductor.aoti_load_package(str(path))
+        graph = graph_runner.load(path)
         _remove_extracted()
         if constants.exists():  # else they are in the package (bf16's packed weights)
             self._constants.attach(graph, spec.name)

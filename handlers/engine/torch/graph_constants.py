@@ -26,6 +26,8 @@ import torch
 if TYPE_CHECKING:
     from torch.export.pt2_archive._package import AOTICompiledModel
 
+    from handlers.engine.torch.graph_runner import Package
+
 SUFFIX = ".constants.pt"
 
 
@@ -53,7 +55,7 @@ class ConstantStore:
         self.directory = directory
         self._files: dict[Path, dict] = {}
 
-    def attach(self, graph: AOTICompiledModel, name: str) -> None:
+    def attach(self, graph: Package | AOTICompiledModel, name: str) -> None:
         """Give `graph` (the package `name`) its constants, mapped from the files."""
         for path in _stores(self.directory):
             if path not in self._files:

@@ -17,18 +17,14 @@ Where it cannot be built, `available()` is False, logged, and attention stays on
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import hashlib
 import logging
-import os
 import subprocess
 from pathlib import Path
 
 import torch
 
-from handlers.engine.torch.machine import cpu_flags
-from handlers.model_fetch import default_cache_dir
+from handlers.engine.torch import native_build
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +52,7 @@ def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def available() -> bool:
     """Whether the op is loaded (built on first use, once per process)."""
     try:
-        torch.ops.load_library(str(_build()))
+        torch.ops.load_library(str(native_build.build(SOURCE)))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", None) or exc
         log.warning("the invariant attention kernel could not be built (%s); CPU attention runs "
@@ -72,34 +68,3 @@ def _shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, counts: 
     """What torch.export traces the op as: [B, T, H, D] in the query's dtype."""
     batch, heads, width, size = query.shape
     return query.new_empty((batch, width, heads, size))
-
-
-def _flags() -> list[str]:
-    root = Path(torch.__file__).parent
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC",
-            "-std=c++20", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{root / 'include'}",
-            f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10", "-ltorch_cpu"]
-
-
-def _build() -> Path:
-    compiler = os.environ.get("CXX", "g++")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=True).stdout
-    flags = _flags()
-    digest = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, torch.__version__,
-                                       *flags, cpu_flags()]).encode())
-    directory = default_cache_dir() / "kernels" / digest.hexdigest()[:16]
-    library = directory / "libinvariant_attention.so"
-    if library.exists():
-        return library
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another server building the same: wait for it
-        if not library.exists():
-            partial = directory / f"partial-{os.getpid()}.so"
-            subprocess.run([compiler, str(SOURCE), "-o", str(partial), *flags],
-                           capture_output=True, text=True, check=True)
-            os.replace(partial, library)  # whole, or not there
-    log.info("built the invariant attention kernel: %s", library)
-    return library
