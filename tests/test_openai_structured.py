@@ -154,7 +154,7 @@ def test_streamed_json_schema_answer_validates(client):
 
 def test_json_object_answer_is_an_object(client):
     answer = chat(client, max_tokens=64, response_format={"type": "json_object"},
-                  messages=[{"role": "user", "content": "Give a JSON object with a color."}])
+                  messages=[{"role": "user", "content": "Give a JSON object with a color name."}])
     choice = answer.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     assert isinstance(json.loads(choice.message.content), dict)
