@@ -47,6 +47,7 @@ class Peer:
     venv: str  # relative to the repository
     args: list[str]  # after `python`; {port} and {model_dir} are filled in
     ready: str = "/ping"  # answers 200 once it serves
+    embeddings: bool = False  # loads the default embedding model beside, once it serves
     reference: str | None = None  # the peer its throughput is compared with
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -54,12 +55,13 @@ class Peer:
 OURS = ["-m", "handlers.cli", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "0"]
 PEERS = {
     "torch": Peer("lmi-serve, default (torch engine, auto dtype)", ".venv", OURS,
-                  reference="vllm-server"),
+                  reference="vllm-server", embeddings=True),
     "llamacpp": Peer("lmi-serve, llama.cpp engine (Q4_1 GGUF)", ".venv-llamacpp",
                      [*OURS, "--option", "option.rolling_batch=llamacpp"],
-                     reference="llamacpp-direct"),
+                     reference="llamacpp-direct", embeddings=True),
     "vllm": Peer("lmi-serve, vllm engine (vLLM CPU build)", ".venv-vllm",
-                 [*OURS, "--option", "option.rolling_batch=vllm"], reference="vllm-server"),
+                 [*OURS, "--option", "option.rolling_batch=vllm"], reference="vllm-server",
+                 embeddings=True),
     "vllm-server": Peer("vLLM's own OpenAI server (CPU build)", ".venv-vllm", [
         "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_dir}",
         "--served-model-name", openai_load.MODEL, "--host", "127.0.0.1", "--port", "{port}",
@@ -147,8 +149,11 @@ def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -
         compiled = wait_decode_graphs(proc, url, args.startup_timeout, log)
         if compiled:
             print(f"decode graphs in use {compiled:.0f} s later", flush=True)
-        return [{"startup_s": started, "decode_graphs_s": compiled, **level}
-                for level in load(url, plan, args)]
+        embedding = wait_embeddings(url, args.startup_timeout) if peer.embeddings else 0.0
+        if embedding:
+            print(f"embedding model loaded {embedding:.0f} s later", flush=True)
+        return [{"startup_s": started, "decode_graphs_s": compiled, "embeddings_s": embedding,
+                 **level} for level in load(url, plan, args)]
     finally:
         proc.terminate()
         try:
@@ -206,6 +211,18 @@ def wait_decode_graphs(proc: subprocess.Popen, url: str, timeout: float, log: Pa
             return time.monotonic() - began
         time.sleep(2)
     raise TimeoutError(f"{url}: decode graphs not ready after {timeout:.0f} s; see {log}")
+
+
+def wait_embeddings(url: str, timeout: float) -> float:
+    """Seconds until the embedding model our server loads after it starts serving answers (an
+    embeddings request waits for it): the levels then measure serving, not a load sharing the
+    cores (it took 4-14 s, and a one-stream level measured meanwhile ran ~2x slower)."""
+    import httpx
+
+    began = time.monotonic()
+    response = httpx.post(f"{url}/v1/embeddings", json={"input": "warm up"}, timeout=timeout)
+    response.raise_for_status()
+    return time.monotonic() - began
 
 
 def model_dir() -> str:
