@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -285,3 +287,55 @@ async def test_a_local_directory_is_loaded_as_it_declares(
     assert close(result.vectors, expected)
     assert torch.tensor(result.vectors[0]).norm().item() > 1.5
     assert result.prompt_tokens == 6  # [CLS] query : guitar lessons [SEP]
+
+
+OPENMP_PROBE = """
+import asyncio, json, re, threading
+from pathlib import Path
+import torch
+from handlers.engine.embedding import EmbeddingEngine, load_embedding_model
+
+def sleeps(regions=200):
+    # How often this thread slept during `regions` parallel torch ops: ~never while libgomp
+    # spins at its barriers, about once a region once it throttles its spinning.
+    x = torch.randn(64, 8192)
+    status = Path("/proc/thread-self/status")
+    count = lambda: int(re.search(r"^voluntary_ctxt_switches:\\s+(\\d+)", status.read_text(),
+                                  re.M).group(1))
+    torch.tanh(x)
+    before = count()
+    for _ in range(regions):
+        torch.tanh(x)
+    return count() - before
+
+found = {"before": sleeps()}
+engine = EmbeddingEngine(load_embedding_model(None, device="cpu"))
+engine.start()
+asyncio.run(engine.embed(["the generation engine's threads keep spinning"]))
+found["after_embedding"] = sleeps()
+ran, hold = threading.Event(), threading.Event()
+def keeps_its_team():
+    torch.tanh(torch.randn(64, 8192))
+    ran.set()
+    hold.wait()
+keeper = threading.Thread(target=keeps_its_team)
+keeper.start()
+ran.wait()
+found["beside_a_kept_team"] = sleeps()
+hold.set()
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one OpenMP thread: no team, no barrier")
+def test_embedding_leaves_other_threads_parallel_regions_spinning() -> None:
+    """The embedding forward pass runs in a thread that ends with it: libgomp kept the team of a
+    thread that lived on, throttled every barrier's spinning to sleeping (more threads in teams
+    than CPUs), and the generation engine's decode step ran 2.5x slower after one embeddings
+    request. Counted in a process of its own: a team kept by an earlier test's thread here
+    would throttle it already."""
+    probe = subprocess.run([sys.executable, "-c", OPENMP_PROBE], capture_output=True, text=True,
+                           check=True, cwd=Path(__file__).parent.parent)
+    found = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert found["beside_a_kept_team"] > 40, found  # of 200: the probe sees throttling (~100)
+    assert found["before"] < 20 and found["after_embedding"] < 20, found  # ~0

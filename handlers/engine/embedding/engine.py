@@ -13,10 +13,15 @@ import contextlib
 import queue
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from handlers.engine.embedding.model import EmbeddingModel
 from handlers.engine.types import EmbeddingResult, RequestValidationError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -170,12 +175,22 @@ class EmbeddingEngine:
         vectors: list[list[float]] = []
         for start in range(0, len(texts), self._max_batch_size):
             chunk = texts[start : start + self._max_batch_size]
-            array = self._loaded.model.encode(
-                chunk, prompt=prompt, batch_size=len(chunk), show_progress_bar=False
-            )
+            array = _in_passing_thread(lambda c=chunk: self._loaded.model.encode(
+                c, prompt=prompt, batch_size=len(c), show_progress_bar=False))
             self.forward_passes += 1
             vectors.extend(array.tolist())
         return vectors
+
+
+def _in_passing_thread(work: Callable[[], T]) -> T:
+    """`work()` in a thread that ends with it. libgomp keeps an OpenMP team for every thread
+    that started one, for as long as that thread lives; once it manages more threads than there
+    are CPUs, every barrier spins ~100 times instead of ~300,000 before it sleeps, and the
+    generation engine's decode step (hundreds of parallel regions) then waits on futexes: 2.5x
+    slower after a single embeddings request while this worker thread kept its team. A thread
+    that ends frees its team."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="embeddings-forward") as once:
+        return once.submit(work).result()
 
 
 def _check_request(texts: object, instruction: object) -> None:
