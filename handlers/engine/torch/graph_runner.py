@@ -11,8 +11,6 @@ be built, `load` falls back to torch's loader, logged.
 from __future__ import annotations
 
 import functools
-import logging
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,6 @@ import torch
 import torch.utils._pytree as pytree
 
 from handlers.engine.torch import native_build
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("graph_runner.cpp")
 
@@ -31,8 +27,7 @@ class Package:
 
     def __init__(self, path: Path) -> None:
         self._graph = torch.classes.lmi_graphs.Graph(str(path))
-        self._inputs, self._outputs = (pytree.treespec_loads(spec)
-                                       for spec in self._graph.call_spec()[:2])
+        self._outputs = pytree.treespec_loads(self._graph.call_spec()[1])
 
     def __call__(self, *args: Any) -> Any:
         flat = [x for x in pytree.tree_leaves((args, {})) if isinstance(x, torch.Tensor)]
@@ -53,11 +48,4 @@ def load(path: Path) -> Any:
 @functools.cache
 def available() -> bool:
     """Whether the runner class is loaded (built on first use, once per process)."""
-    try:
-        torch.ops.load_library(str(native_build.build(SOURCE)))
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", None) or exc
-        log.warning("the graph runner could not be built (%s); the compiled decode step holds "
-                    "the GIL while it runs", str(detail).strip()[-500:])
-        return False
-    return True
+    return native_build.load(SOURCE, "the compiled decode step holds the GIL while it runs")

@@ -49,3 +49,16 @@ def build(source: Path) -> Path:
             os.replace(partial, library)  # whole, or not there
     log.info("built %s", library)
     return library
+
+
+def load(source: Path, without: str) -> bool:
+    """Build `source` and load it into torch's registry; False, with a warning naming the
+    library and `without` (what runs instead), where it cannot be."""
+    try:
+        torch.ops.load_library(str(build(source)))
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", None) or exc
+        log.warning("%s could not be built (%s); %s", source.name, str(detail).strip()[-500:],
+                    without)
+        return False
+    return True
