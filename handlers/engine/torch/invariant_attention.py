@@ -18,14 +18,11 @@ Where it cannot be built, `available()` is False, logged, and attention stays on
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 
 import torch
 
 from handlers.engine.torch import native_build
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("invariant_attention.cpp")
 MAX_HEAD_SIZE = 256  # the kernel holds a query's elements in 16 vector registers
