@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import itertools
 import logging
 import signal
 import sys
@@ -35,6 +34,7 @@ from handlers.model_source import (
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
 from handlers.server.http.request_id import uvicorn_log_config
+from handlers.stop_signals import on_first_stop_signal
 from handlers.supervision import Supervisor
 
 log = logging.getLogger("lmi_serve")
@@ -99,26 +99,17 @@ def serve(config: Config) -> int:
     ))
     http = threading.Thread(target=server.run, name="http")  # no signal handlers off main
     stopping = threading.Event()
-    signals = itertools.count()  # how many arrived; the first one stops the server
+
+    def on_signal(signum: signal.Signals) -> None:
+        log.info("received %s: finishing in-flight requests, then exiting", signum.name)
+        stopping.set()
+        stop_server()
 
     def stop_server() -> None:
         server.should_exit = True
         ctx.drain()  # gRPC stops taking requests as HTTP does
 
-    def on_signal(signum: int, _frame: object) -> None:
-        # Python runs a handler between two bytecodes of the main thread, this handler's own
-        # included: a second signal that landed inside the first one's Event.set waited for a
-        # lock that the interrupted call held (a double Ctrl-C hung the server). Only the first
-        # signal stops it: next() takes the turn in one call, before any lock.
-        if next(signals):
-            return
-        log.info("received %s: finishing in-flight requests, then exiting",
-                 signal.Signals(signum).name)
-        stopping.set()
-        stop_server()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    on_first_stop_signal(on_signal)
     http.start()
     loaded = _load(config)
     if loaded is None or stopping.is_set():
