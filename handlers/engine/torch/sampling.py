@@ -6,7 +6,7 @@ Hugging Face's typical_p (which vLLM lacks) last, where Hugging Face applies it:
 
 1. every row: min_new_tokens masking, logit_bias, repetition / frequency / presence penalties,
    the watermark's green-list bias (watermark.py);
-2. greedy rows (`do_sample=False`, or a temperature below 1e-5 as in vLLM): argmax;
+2. greedy rows (`do_sample=False`, or a temperature below 1e-5 as in vLLM): argmax (row_argmax.py);
 3. sampled rows: temperature, min_p, top_k, top_p, typical_p, then one draw per row.
 
 Reported log-probabilities are the log-softmax of the model's raw logits, before any of the
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from handlers.engine.torch import watermark
+from handlers.engine.torch.row_argmax import row_argmax
 from handlers.engine.types import RequestValidationError, SamplingParams
 
 _SAMPLING_EPS = 1e-5  # a lower temperature means greedy, as in vLLM
@@ -120,7 +121,7 @@ def sample(logits: torch.Tensor, samplers: list[SequenceSampler]) -> SampleResul
     if len(rows) == len(samplers):
         tokens = _draw(processed, samplers)
     else:
-        tokens = processed.argmax(-1)
+        tokens = row_argmax(processed)
         if rows:
             index = torch.tensor(rows, device=logits.device)
             tokens[index] = _draw(processed[index], [samplers[i] for i in rows])
