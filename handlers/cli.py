@@ -34,6 +34,7 @@ from handlers.model_source import (
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
 from handlers.server.http.request_id import uvicorn_log_config
+from handlers.startup_gc import StartupCollection
 from handlers.stop_signals import on_first_stop_signal
 from handlers.supervision import Supervisor
 
@@ -110,23 +111,28 @@ def serve(config: Config) -> int:
         ctx.drain()  # gRPC stops taking requests as HTTP does
 
     on_first_stop_signal(on_signal)
-    http.start()
-    loaded = _load(config)
-    if loaded is None or stopping.is_set():
-        server.should_exit = True
-        http.join()
-        return 1 if loaded is None else 0
-    return _run(config, ctx, loaded, http, stop_server)
+    with StartupCollection() as startup:
+        http.start()
+        loaded = _load(config)
+        if loaded is None or stopping.is_set():
+            server.should_exit = True
+            http.join()
+            return 1 if loaded is None else 0
+        return _run(config, ctx, loaded, http, stop_server, startup.loaded)
 
 
 def _run(config: Config, ctx: ServerContext, loaded: Loaded, http: threading.Thread,
-         stop_server: Callable[[], None]) -> int:
-    """Attach what loaded (/ping answers 200 from here on) and run until the server stops."""
+         stop_server: Callable[[], None], all_loaded: Callable[[], None]) -> int:
+    """Attach what loaded (/ping answers 200 from here on) and run until the server stops;
+    `all_loaded` runs once every model has (the embedding model may load later)."""
     built = loaded.build
     if loaded.embedder is not None:
         ctx.embedder.attach(loaded.embedder)
-    elif loaded.embedding_files is not None:
-        _load_embedder_later(config, loaded.embedding_files, ctx.embedder, stop_server)
+    if loaded.embedder is None and loaded.embedding_files is not None:
+        _load_embedder_later(config, loaded.embedding_files, ctx.embedder, stop_server,
+                             all_loaded)
+    else:
+        all_loaded()
     done = threading.Event()
     if built is not None:
         if built.main_loop is None:  # an engine that lives on the server's event loop
@@ -209,7 +215,7 @@ def _load_embedder(config: Config, files: Path | None = None) -> Embedder | None
 
 
 def _load_embedder_later(config: Config, files: Path, served: Served[Embedder],
-                         stop_server: Callable[[], None]) -> None:
+                         stop_server: Callable[[], None], loaded: Callable[[], None]) -> None:
     """Load the embedding model while the generation model serves: its import of
     sentence-transformers (and through it scikit-learn) takes longer than the rest of a start,
     and under the GIL it would as good as double the start. Its requests wait meanwhile. Failing
@@ -219,6 +225,7 @@ def _load_embedder_later(config: Config, files: Path, served: Served[Embedder],
     def watch() -> None:
         try:
             served.attach(future.result(timeout=config.model_loading_timeout))
+            loaded()
         except BaseException as error:  # noqa: BLE001 (a timeout or the load's own error)
             served.load_error = str(error) or type(error).__name__
             log.error("loading the embedding model failed; stopping", exc_info=error)

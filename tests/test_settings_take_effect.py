@@ -4,6 +4,7 @@ message naming it; values that mean the default (as SageMaker sets them) are acc
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import signal
@@ -225,6 +226,7 @@ def test_a_load_past_model_loading_timeout_stops_startup(tmp_path, monkeypatch, 
         for sig, handler in handlers_before.items():
             signal.signal(sig, handler)
     assert "longer than option.model_loading_timeout=1 s (command line)" in caplog.text
+    assert gc.isenabled()  # collection, off while it started, is back on
 
 
 def test_the_http_app_imports_no_engine():
