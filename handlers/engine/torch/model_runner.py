@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from handlers.engine.torch import row_argmax
+from handlers.engine.torch import row_reductions
 from handlers.engine.torch.attention import (
     cpu_cache_dtype,
     use_slot_cache_attention,
@@ -56,7 +56,7 @@ class ModelRunner:
         self.mask_dtype = torch.float32 if cpu else self.dtype
         if self.device.type == "cpu":
             use_slot_cache_attention(model)
-            row_argmax.available()  # built now (first start: seconds), not in a first request
+            row_reductions.available()  # built now (first start: seconds), not in a first request
         self.vocab_size = model.get_output_embeddings().out_features
         log.info("%d projection groups fused", fuse_projections(model))  # before packing
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):

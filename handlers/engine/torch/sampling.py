@@ -6,14 +6,16 @@ Hugging Face's typical_p (which vLLM lacks) last, where Hugging Face applies it:
 
 1. every row: min_new_tokens masking, logit_bias, repetition / frequency / presence penalties,
    the watermark's green-list bias (watermark.py);
-2. greedy rows (`do_sample=False`, or a temperature below 1e-5 as in vLLM): argmax (row_argmax.py);
+2. greedy rows (`do_sample=False`, or a temperature below 1e-5 as in vLLM): argmax
+   (row_reductions.py);
 3. sampled rows: temperature, min_p, top_k, top_p, typical_p, then one draw per row.
 
-Reported log-probabilities are the log-softmax of the model's raw logits, before any of the
-processing above (vLLM's default "raw_logprobs"): they do not depend on a request's temperature,
-penalties or filters. A structured-output grammar's mask is applied before `sample` (as in vLLM),
-so they are those of the masked distribution: tokens the grammar forbids have probability 0 and
-are never listed as alternatives.
+Reported log-probabilities are the log-softmax of the model's raw logits (each a logit less
+its row's log-sum-exp, row_reductions.py), before any of the processing above (vLLM's default
+"raw_logprobs"): they do not depend on a request's temperature, penalties or filters. A
+structured-output grammar's mask is applied before `sample` (as in vLLM), so they are those of
+the masked distribution: tokens the grammar forbids have probability 0 and are never listed as
+alternatives.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from handlers.engine.torch import watermark
-from handlers.engine.torch.row_argmax import row_argmax
+from handlers.engine.torch.row_reductions import row_argmax, row_logsumexp
 from handlers.engine.types import RequestValidationError, SamplingParams
 
 _SAMPLING_EPS = 1e-5  # a lower temperature means greedy, as in vLLM
@@ -115,7 +117,6 @@ def sample(logits: torch.Tensor, samplers: list[SequenceSampler]) -> SampleResul
     vLLM reports them by default; `top` lists each row's most likely raw alternatives, best first.
     """
     logits = logits.float()
-    logprobs = logits.log_softmax(-1)
     processed = _process(logits, samplers)
     rows = [i for i, s in enumerate(samplers) if s.sampled]
     if len(rows) == len(samplers):
@@ -125,7 +126,7 @@ def sample(logits: torch.Tensor, samplers: list[SequenceSampler]) -> SampleResul
         if rows:
             index = torch.tensor(rows, device=logits.device)
             tokens[index] = _draw(processed[index], [samplers[i] for i in rows])
-    return _result(tokens, logprobs, samplers)
+    return _result(tokens, logits, samplers)
 
 
 def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int]) -> list[float | None]:
@@ -326,13 +327,17 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def _result(
-    tokens: torch.Tensor, logprobs: torch.Tensor, samplers: list[SequenceSampler]
+    tokens: torch.Tensor, logits: torch.Tensor, samplers: list[SequenceSampler]
 ) -> SampleResult:
-    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
-    wanted = [min(s.params.top_logprobs, logprobs.shape[-1]) for s in samplers]
+    """The chosen tokens with their raw log-probs (each a logit less its row's log-sum-exp:
+    the log-softmax of the few tokens reported, not of all)."""
+    normalizer = row_logsumexp(logits)
+    chosen = logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - normalizer
+    wanted = [min(s.params.top_logprobs, logits.shape[-1]) for s in samplers]
     top: list[list[tuple[int, float]]] = [[] for _ in samplers]
     if max(wanted, default=0):
-        values, ids = (t.tolist() for t in logprobs.topk(max(wanted)))
+        values, ids = logits.topk(max(wanted))
+        values, ids = (values - normalizer.unsqueeze(1)).tolist(), ids.tolist()
         top = [[(t, v) for t, v in zip(ids[i][:n], values[i][:n], strict=True) if v > -math.inf]
                for i, n in enumerate(wanted)]
     return SampleResult(tokens.tolist(), chosen.tolist(), top)
