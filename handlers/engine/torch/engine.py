@@ -250,8 +250,7 @@ class TorchEngine:
                 self._step_began = time.monotonic()
                 outputs = self.batcher.step(emit_first=self._deliver)
                 self._step_began = None
-                for output in outputs:
-                    self._deliver(output)
+                self._deliver_step(outputs)
         self._fail_all(RuntimeError("the engine shut down"))
 
     def _drain_inbox(self, block: bool) -> bool:
@@ -284,6 +283,20 @@ class TorchEngine:
             del self._sinks[rid]
         submit.loop.call_soon_threadsafe(submit.sink.put_nowait, output)
 
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs, handed to each event loop in one call: one wake-up of a loop (a
+        write to its self-pipe) per step, not one per request."""
+        handoffs: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        for output in outputs:
+            submit = self._sinks.get(output.request_id)
+            if submit is None:
+                continue
+            if output.finished:
+                del self._sinks[output.request_id]
+            handoffs.setdefault(submit.loop, []).append((submit.sink, output))
+        for loop, handoff in handoffs.items():
+            loop.call_soon_threadsafe(_put_all, handoff)
+
     def _fail_all(self, exc: Exception, abort: bool = True) -> None:
         """End every request with `exc`; `abort`: free their slots too (a batcher that failed
         is replaced instead)."""
@@ -306,3 +319,7 @@ class TorchEngine:
         if stop:
             self._inbox.put(None)
 
+
+def _put_all(handoff: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for sink, output in handoff:
+        sink.put_nowait(output)
