@@ -21,11 +21,8 @@ class StartupCollection:
     what exists and turns it back on. Leaving the block turns it on where `loaded` never ran
     (a failed or stopped start), so nothing outlives the start with collection off."""
 
-    def __init__(self) -> None:
-        self._resumed = False
-        self._was_enabled = gc.isenabled()
-
     def __enter__(self) -> StartupCollection:
+        self._resumed = False
         self._was_enabled = gc.isenabled()
         gc.disable()
         return self

@@ -276,26 +276,28 @@ class TorchEngine:
 
     def _deliver(self, output: RequestOutput | BaseException, request_id: str = "") -> None:
         rid = output.request_id if isinstance(output, RequestOutput) else request_id
-        submit = self._sinks.get(rid)
-        if submit is None:
-            return
-        if not isinstance(output, RequestOutput) or output.finished:
-            del self._sinks[rid]
-        submit.loop.call_soon_threadsafe(submit.sink.put_nowait, output)
+        submit = self._sink_for(rid, output)
+        if submit is not None:
+            submit.loop.call_soon_threadsafe(submit.sink.put_nowait, output)
 
     def _deliver_step(self, outputs: list[RequestOutput]) -> None:
         """A step's outputs, handed to each event loop in one call: one wake-up of a loop (a
         write to its self-pipe) per step, not one per request."""
         handoffs: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
         for output in outputs:
-            submit = self._sinks.get(output.request_id)
-            if submit is None:
-                continue
-            if output.finished:
-                del self._sinks[output.request_id]
-            handoffs.setdefault(submit.loop, []).append((submit.sink, output))
+            submit = self._sink_for(output.request_id, output)
+            if submit is not None:
+                handoffs.setdefault(submit.loop, []).append((submit.sink, output))
         for loop, handoff in handoffs.items():
             loop.call_soon_threadsafe(_put_all, handoff)
+
+    def _sink_for(self, request_id: str, output: RequestOutput | BaseException) -> _Submit | None:
+        """Where the request's `output` goes (None: it was aborted); its last one (finished, or
+        a failure) also forgets the request."""
+        submit = self._sinks.get(request_id)
+        if submit is not None and (not isinstance(output, RequestOutput) or output.finished):
+            del self._sinks[request_id]
+        return submit
 
     def _fail_all(self, exc: Exception, abort: bool = True) -> None:
         """End every request with `exc`; `abort`: free their slots too (a batcher that failed

@@ -110,33 +110,32 @@ float row_logsumexp_of(const float *x, int64_t n) {
     return top + std::log(total);
 }
 
-at::Tensor row_logsumexp(const at::Tensor &logits) {
+// `reduce(row, V)` of every row of contiguous float32 [B, V] logits into a [B] tensor of T,
+// rows in parallel, each whole on one thread.
+template <typename T, typename Reduce>
+at::Tensor per_row(const at::Tensor &logits, at::ScalarType type, const char *name,
+                   Reduce reduce) {
     TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat &&
                     logits.is_contiguous() && logits.size(1) > 0,
-                "row_logsumexp: contiguous float32 [B, V] logits, V > 0");
+                name, ": contiguous float32 [B, V] logits, V > 0");
     int64_t rows = logits.size(0), n = logits.size(1);
-    at::Tensor out = at::empty({rows}, logits.options());
+    at::Tensor out = at::empty({rows}, logits.options().dtype(type));
     const float *x = logits.data_ptr<float>();
-    float *lse = out.data_ptr<float>();
+    T *values = out.data_ptr<T>();
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; r++) lse[r] = row_logsumexp_of(x + r * n, n);
+        for (int64_t r = begin; r < end; r++) values[r] = reduce(x + r * n, n);
     });
     return out;
 }
 
+at::Tensor row_logsumexp(const at::Tensor &logits) {
+    return per_row<float>(logits, at::kFloat, "row_logsumexp", row_logsumexp_of);
+}
+
 at::Tensor row_argmax(const at::Tensor &logits) {
-    TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat &&
-                    logits.is_contiguous() && logits.size(1) > 0,
-                "row_argmax: contiguous float32 [B, V] logits, V > 0");
-    int64_t rows = logits.size(0), n = logits.size(1);
-    at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
-    const float *x = logits.data_ptr<float>();
-    int64_t *ids = out.data_ptr<int64_t>();
-    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; r++)
-            ids[r] = first_place(x + r * n, n, row_max(x + r * n, n));
+    return per_row<int64_t>(logits, at::kLong, "row_argmax", [](const float *x, int64_t n) {
+        return first_place(x, n, row_max(x, n));
     });
-    return out;
 }
 
 }  // namespace
