@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from optional_deps import need
 
-djl_python = pytest.importorskip(
-    "djl_python", reason="needs DJL's djl_python 0.36.0, which no registry carries: "
-    "./dev test installs it from ../shared/vendor when that folder exists")
+djl_python = need("djl_python", "needs DJL's djl_python 0.36.0, which no registry carries: "
+                  "./dev test installs it from ../shared/vendor when that folder exists")
 
 from djl_frontend import Call, RollingBatchFrontEnd, predict_batch  # noqa: E402
 from djl_python.inputs import Input  # noqa: E402
@@ -321,7 +321,6 @@ def test_option_environment_variables_reach_the_entry(tiny_dir, tmp_path, monkey
 def djl_hf(tiny_dir, tmp_path_factory):
     """`djl_hf(**options)`: DJL's handler for dynamic batching (transformers' generate, or its
     streamer with enable_streaming), on the tiny model."""
-    pytest.importorskip("peft", reason="djl_python.huggingface imports peft")
     import djl_python.huggingface as hf
 
     def handler(**options: str) -> DjlTestHandler:

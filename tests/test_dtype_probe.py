@@ -12,6 +12,7 @@ from handlers.engine.torch.loader import resolve_dtype
 
 def machine(monkeypatch, bf16_kernels: bool, gflops: dict[torch.dtype, float]) -> None:
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: bf16_kernels)
+    monkeypatch.setattr(dtype_probe, "has_native_bf16", lambda: bf16_kernels)
     monkeypatch.setattr(dtype_probe, "matmul_gflops", lambda dtype: gflops[dtype])
 
 
@@ -27,6 +28,15 @@ def test_auto_picks_bf16_only_where_it_is_clearly_faster(monkeypatch, kernels, f
     assert dtype == chosen
     assert ("no bf16 matmul kernels" in why) if not kernels else (f"{bf16:.0f} GFLOP/s" in why)
     assert resolve_dtype("auto", torch.device("cpu"), None) == chosen
+
+
+def test_auto_serves_float32_where_onednn_would_only_emulate_bf16(monkeypatch):
+    """An AVX-512 VNNI Xeon without AVX512-BF16: oneDNN runs bf16 there by widening it, whose
+    roundings depend on the batch's shape; auto never picks it, however the probe came out."""
+    machine(monkeypatch, True, {torch.float32: 10.0, torch.bfloat16: 100.0})
+    monkeypatch.setattr(dtype_probe, "has_native_bf16", lambda: False)
+    dtype, why = dtype_probe.choose_cpu_dtype()
+    assert dtype == torch.float32 and "no bf16 matmul kernels" in why
 
 
 def test_an_explicit_dtype_is_never_probed(monkeypatch):
@@ -48,6 +58,7 @@ def test_a_slow_stretch_during_one_probe_does_not_decide(monkeypatch):
     readings = {torch.float32: iter([4.0, 100.0]), torch.bfloat16: iter([110.0, 105.0])}
     order: list[torch.dtype] = []
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(dtype_probe, "has_native_bf16", lambda: True)
     monkeypatch.setattr(dtype_probe, "matmul_gflops",
                         lambda dtype: order.append(dtype) or next(readings[dtype]))
     dtype, why = dtype_probe.choose_cpu_dtype()

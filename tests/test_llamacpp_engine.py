@@ -23,9 +23,10 @@ import random
 
 import numpy as np
 import pytest
+from optional_deps import need
 
-llama_cpp = pytest.importorskip(
-    "llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` extra: "
+llama_cpp = need(
+    "llama_cpp", "llama-cpp-python is not installed (the `llamacpp` extra: "
     "LMI_VENV=.venv-llamacpp LMI_EXTRAS=llamacpp ./dev test)")
 
 from engine_requests import prompt_moved_mid_prefill, random_schedule, run  # noqa: E402

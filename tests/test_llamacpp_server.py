@@ -13,9 +13,10 @@ import numpy as np
 import orjson
 import pytest
 import requests
+from optional_deps import need
 
-pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the `llamacpp` "
-                    "extra: LMI_VENV=.venv-llamacpp LMI_EXTRAS=llamacpp ./dev test)")
+need("llama_cpp", "llama-cpp-python is not installed (the `llamacpp` extra: "
+     "LMI_VENV=.venv-llamacpp LMI_EXTRAS=llamacpp ./dev test)")
 
 import openai  # noqa: E402
 import text_generation  # noqa: E402

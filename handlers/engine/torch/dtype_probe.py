@@ -1,13 +1,17 @@
-"""`option.dtype=auto` on the CPU: bfloat16 where this machine multiplies it faster than float32,
-else float32, decided by a probe at startup (a few milliseconds), since the machines differ:
-one without bf16 kernels ran bf16 matmul at ~1 GFLOP/s against ~50 for float32, another (AVX-512
-BF16) at 876 against 210."""
+"""`option.dtype=auto` on the CPU: bfloat16 where this machine has bf16 kernels (AVX512-BF16 or
+AMX) and multiplies it faster than float32, else float32, decided by a probe at startup (a few
+milliseconds), since the machines differ: one without bf16 kernels ran bf16 matmul at ~1 GFLOP/s
+against ~50 for float32, another (AVX-512 BF16) at 876 against 210. Without native bf16, oneDNN's
+widened bf16 also rounds by the batch's shape, so `auto` serves bf16 only where a row's answer
+does not depend on the rows beside it."""
 
 from __future__ import annotations
 
 import time
 
 import torch
+
+from handlers.engine.torch.machine import has_native_bf16
 
 BF16_SPEEDUP_NEEDED = 1.3  # below this, float32's exactness is worth more than the speed
 _ROWS, _SIZE, _REPEATS = 32, 1024, 3  # a decode batch through one projection-sized matmul
@@ -17,8 +21,9 @@ _ROUNDS = 2
 def choose_cpu_dtype() -> tuple[torch.dtype, str]:
     """The dtype to serve in on this CPU, and why (for the log)."""
     capability = torch.backends.cpu.get_cpu_capability()
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return torch.float32, f"this CPU ({capability}) has no bf16 matmul kernels"
+    if not (torch.ops.mkldnn._is_mkldnn_bf16_supported() and has_native_bf16()):
+        return torch.float32, (f"this CPU ({capability}) has no bf16 matmul kernels "
+                               "(AVX512-BF16 or AMX)")
     best = {torch.float32: 0.0, torch.bfloat16: 0.0}
     for _ in range(_ROUNDS):  # alternating: a busy stretch of the machine (a start's other
         for dtype in best:  # threads) slows both dtypes' probes, not one (once: float32 at 4)

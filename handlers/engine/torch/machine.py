@@ -12,3 +12,11 @@ def cpu_flags() -> str:
     except OSError:
         return ""
     return text.split("flags", 1)[-1].split("\n", 1)[0]
+
+
+def has_native_bf16() -> bool:
+    """Whether the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Elsewhere oneDNN still
+    runs bf16 by widening it to float32, slowly, and with roundings that depend on the batch's
+    shape: a row's bf16 logits then change with how many rows run beside it."""
+    flags = cpu_flags().split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -1,0 +1,27 @@
+"""Packages some tests need that `./dev test` may not have: DJL's `djl_python` (installed only
+where `../shared/vendor` holds its wheel), llama-cpp-python and vLLM (the CI lanes' extras).
+
+Where one is missing, its tests skip and say why; where the run says it must be there
+(`LMI_TESTS_REQUIRE=djl_python,vllm`, as `.ci/run` sets for what it installed), a missing or
+broken package is an error, so a lane whose install went wrong fails instead of passing empty.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+import pytest
+
+
+def required() -> set[str]:
+    return {name for name in os.environ.get("LMI_TESTS_REQUIRE", "").split(",") if name}
+
+
+def need(module: str, reason: str) -> ModuleType:
+    """`module`, imported; the calling test module skips (with `reason`) where it is missing,
+    unless this run requires it."""
+    if module in required():
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=reason)
