@@ -209,3 +209,22 @@ async def test_priority_reorders_a_saturated_queue(tiny_dir):
     finally:
         await engine.shutdown()
     assert first_events == ["holder", "high", "low"]
+
+
+async def test_stream_details_report_the_running_batch(tiny_dir):
+    """Every event's `batch_size` is the batch that made its token: this request alone, 1 (the
+    torch engine reported 0, on the first event too)."""
+    engine = TorchEngine(load_model(tiny_dir, dtype="fp32", name="tiny"), max_batch_size=2)
+    ctx = ServerContext(ServerSettings("tiny"), Served("tiny", engine))
+    await engine.start()
+    body = {"id": "b1", "text_input": "Once upon a time",
+            "parameters": {"max_new_tokens": 5, "details": True}}
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(ctx)),
+                                     base_url="http://t", timeout=60) as http:
+            got = events(await http.post("/v2/models/tiny/generate_stream", json=body))
+            whole = (await http.post("/v2/models/tiny/generate", json=body)).json()
+    finally:
+        await engine.shutdown()
+    assert got and [e["details"]["batch_size"] for e in got] == [1] * len(got)
+    assert whole["details"]["batch_size"] == 1

@@ -115,23 +115,29 @@ class ContinuousBatcher:
         self._admit()
         touched: dict[str, RequestState] = {}
         running = len(self.decoding)  # started sequences take the slots after these
+        stepped = {seq.request_id for seq in self.decoding}  # the requests this step runs
         if self.prefilling:
             self._prefill(touched)
             self._release_finished()  # e.g. max_new_tokens=1: no decode pass for them
+            stepped |= touched.keys()
             if emit_first is not None:
-                for output in self._take_outputs(touched):
+                for output in self._take_outputs(touched, len(stepped)):
                     emit_first(output)
                 touched = {}
                 running = len(self.decoding)
         if running:
             self._decode(touched, running)
         self._release_finished()
-        outputs = self._take_outputs(touched)
+        outputs = self._take_outputs(touched, len(stepped))
         if not self.has_work:
             self.runner.cache.shrink()
         return outputs
 
-    def _take_outputs(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
+    def _take_outputs(self, touched: dict[str, RequestState], batch: int
+                      ) -> list[RequestOutput]:
+        """The outputs of the requests this step touched; `batch`: how many requests it ran."""
+        for state in touched.values():
+            state.metrics.batch_size = batch
         outputs = [out for state in touched.values() if (out := state.take_output())]
         outputs += self._unstarted_failures
         self._unstarted_failures = []
