@@ -254,8 +254,10 @@ def validated(job_gen: GenerationRequest, prompt_tokens: int) -> GenerationReque
 
 def test_output_length_null_is_up_to_the_context():
     job = prepare_chat({"messages": USER}, tokenizer(), MODEL, False)
-    fit_to_context(validated(job.gen, 10), job.request, 64)
-    assert job.gen.params.max_new_tokens == 54
+    asked = job.gen.params.max_new_tokens
+    fitted = fit_to_context(validated(job.gen, 10), job.request, 64)
+    assert fitted.params.max_new_tokens == 54
+    assert job.gen.params.max_new_tokens == asked  # a new request: the one given is unchanged
 
 
 def test_output_length_beyond_the_context_names_the_field():
@@ -269,11 +271,11 @@ def test_output_length_beyond_the_context_names_the_field():
 
 def test_completions_default_to_16_tokens_and_null_means_the_context():
     job = prepare_completion({"prompt": "hi"}, tokenizer(), MODEL)
-    fit_to_context(validated(job.gens[0], 4), job.request, 64)
-    assert job.gens[0].params.max_new_tokens == 16
+    fitted = fit_to_context(validated(job.gens[0], 4), job.request, 64)
+    assert fitted.params.max_new_tokens == 16
     job = prepare_completion({"prompt": "hi", "max_tokens": None}, tokenizer(), MODEL)
-    fit_to_context(validated(job.gens[0], 4), job.request, 64)
-    assert job.gens[0].params.max_new_tokens == 60
+    fitted = fit_to_context(validated(job.gens[0], 4), job.request, 64)
+    assert fitted.params.max_new_tokens == 60
 
 
 def test_engine_refusals_name_the_openai_field():

@@ -29,14 +29,14 @@ from handlers.protocols.lmi.dynamic import (
     DynamicError,
     DynamicRequest,
     StreamLines,
+    checks,
     parse_dynamic_request,
     render_answer,
     to_generation_requests,
-    validate_inputs,
 )
 from handlers.protocols.outputs import Event, Folded
 from handlers.server.framing import JSON_MEDIA_TYPE, JSONLINES_MEDIA_TYPE
-from handlers.server.generation import stepped
+from handlers.server.generation import stepped, validated
 from handlers.server.status import LMI_HTTP
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class DynamicBatchDriver:
         try:
             request = parse_dynamic_request(request_body(item))
             gens = to_generation_requests(request, request.adapters or None)
-            validate_inputs(request, gens, self.engine.validate)
+            gens = validated(self.engine, gens, checks(request))
         except ProtocolError as exc:  # a body that is not JSON is refused in LMI's terms
             log.info("[RequestId=%s] invalid request: %s", item.get_property("requestId"),
                      exc.message)

@@ -23,8 +23,9 @@ from djl_python.outputs import Output
 
 from handlers.djl.inputs import request_body
 from handlers.engine.base import SteppableEngine
-from handlers.engine.types import RequestOutput, RequestValidationError
+from handlers.engine.types import RequestOutput
 from handlers.protocols.lmi import (
+    CHECKS,
     LmiError,
     LmiFailure,
     LmiRequest,
@@ -38,6 +39,7 @@ from handlers.protocols.lmi import (
 )
 from handlers.protocols.outputs import UNFINISHED, Folded
 from handlers.server.framing import JSON_MEDIA_TYPE, LMI_FRAMING
+from handlers.server.generation import validated
 from handlers.server.status import LMI_HTTP
 
 log = logging.getLogger(__name__)
@@ -132,11 +134,13 @@ class RollingBatchDriver:
             lmi = _parse(item)
             style = answer_style(lmi, self.output_formatter, self.tgi_compat)
             gen = to_generation_request(lmi, lmi.adapters or None)  # the engine checks it
-            self.engine.validate(gen)
         except LmiError as exc:
             req.refusal = _PARSE_FAILED + exc.message
-        except RequestValidationError as exc:
-            req.refusal = f"{exc.field}: {exc.message}"
+        else:
+            try:
+                gen = validated(self.engine, [gen], CHECKS)[0]
+            except LmiError as exc:
+                req.refusal = exc.message
         if req.refusal is not None:
             log.info("[RequestId=%s] invalid LMI request: %s", req.client_id, req.refusal)
             return req

@@ -16,16 +16,19 @@ the measured `first_token_cost` / `decode_cost`), `prefill_time` on the first ev
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from handlers.engine.base import Pair
 from handlers.engine.types import GenerationRequest, RequestOutput, SamplingParams
 from handlers.protocols.bodies import parse_body
+from handlers.protocols.errors import GenerationError
 from handlers.protocols.kserve_v2 import KServeError
 from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
-from handlers.protocols.outputs import Event
+from handlers.protocols.outputs import Event, Renderer, raise_failure
 
 UINT64 = 2**64 - 1
 INT32 = 2**31 - 1
@@ -109,7 +112,7 @@ class Measures:
         return gap
 
 
-class GenerateRenderer:
+class GenerateRenderer(Renderer):
     """The events of one request's answer, and the whole answer, from its outputs."""
 
     def __init__(self, request: GenerateRequest, model: str, version: str | None,
@@ -121,7 +124,18 @@ class GenerateRenderer:
         self.text = ""
         self.measures = Measures(arrival)
 
-    def feed(self, output: RequestOutput, now: float) -> list[Event]:
+    def feed(self, pairs: list[Pair]) -> list[Event]:
+        now = time.monotonic()
+        events = []
+        for _, output in pairs:
+            raise_failure(output)
+            events += self._output_events(output, now)
+        return events
+
+    def failed(self, error: GenerationError) -> list[Event]:
+        return [error_event(error.message)]
+
+    def _output_events(self, output: RequestOutput, now: float) -> list[Event]:
         """One event per token the output released; an empty one when it finishes the request
         without a token."""
         measures = self.measures

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.bodies import describe_errors
+from handlers.protocols.checks import naming
 from handlers.protocols.errors import ErrorKind
 from handlers.protocols.kserve_v2 import KServeError
 from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
@@ -75,3 +76,7 @@ def _generation_request(item: Any, index: int) -> tuple[GenerationRequest, bool]
 
 def render_predictions(predictions: list[Any]) -> dict[str, Any]:
     return {"predictions": predictions}
+
+
+# The engine's refusals name the prompt by its place in `instances`.
+CHECKS = naming(KServeError, lambda i: f"instances[{i}]")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.bodies import describe_errors, parse_body
+from handlers.protocols.checks import naming
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
 
@@ -252,3 +253,7 @@ def render_response(model: str, request: InferRequest, texts: list[str]
         answer["id"] = request.id
     answer["outputs"] = [output] if TEXT_OUTPUT in wanted else []
     return answer, tail
+
+
+# The engine's refusals name the prompt by its place in the text_input tensor.
+CHECKS = naming(KServeError, lambda i: f"{TEXT_INPUT}[{i}]")

@@ -3,11 +3,13 @@ into whole sequences, tell whether it failed, and hand rendered stream events to
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from handlers.engine.base import Pair
 from handlers.engine.types import FinishReason, RequestOutput, SequenceOutput, Token
-from handlers.protocols.errors import ErrorKind
+from handlers.protocols.errors import ErrorKind, GenerationError
 
 FAILED = (FinishReason.ERROR, FinishReason.ABORT)
 UNFINISHED = "the engine ended the request without finishing it"
@@ -45,6 +47,41 @@ def output_failure(output: RequestOutput) -> Failure | None:
     """Why the request failed, when one of its sequences in this output ended in an error or an
     abort (one failed sequence fails the request, as in DJL)."""
     return next((f for s in output.outputs if (f := _failure(s.finish_reason, s.error))), None)
+
+
+def raise_failure(output: RequestOutput) -> None:
+    """GenerationError when this output failed its request."""
+    if (failure := output_failure(output)) is not None:
+        raise GenerationError(failure.message, failure.kind)
+
+
+class Renderer(ABC):
+    """How a protocol streams one client request's answer: the events of each step's outputs
+    and of a failure, pure functions of the engine's outputs, so that one driver loop serves
+    every protocol (handlers/server/generation.py)."""
+
+    # Each event in a chunk of its own (a SageMaker PayloadPart each), or a step's in one.
+    event_per_chunk: ClassVar[bool] = True
+
+    @abstractmethod
+    def feed(self, pairs: list[Pair]) -> list[Event]:
+        """The events of one step's outputs. GenerationError when an output failed its request
+        and the protocol answers that as a failure: before the stream's first event, an error
+        status; after it, `failed`'s events."""
+
+    @abstractmethod
+    def failed(self, error: GenerationError) -> list[Event]:
+        """The events that end a stream failing after it began."""
+
+    def done(self) -> list[Event]:
+        """The events after the last output (none, unless the protocol closes its streams)."""
+        return []
+
+    @property
+    def ended(self) -> bool:
+        """Whether the answer is whole although requests may still run (what runs is aborted:
+        one failed input fails a whole dynamic batch)."""
+        return False
 
 
 @dataclass

@@ -19,12 +19,19 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.engine.types import GenerationRequest, SamplingParams, StructuredOutput
+from handlers.engine.base import Pair
+from handlers.engine.types import (
+    GenerationRequest,
+    RequestOutput,
+    SamplingParams,
+    StructuredOutput,
+)
 from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.bodies import parse_body
+from handlers.protocols.checks import Checks, with_max_new_tokens
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.lmi.formatters import END_TOKEN, token_dict, top_dicts
-from handlers.protocols.outputs import Event, Folded, FoldedSequence
+from handlers.protocols.outputs import Event, Folded, FoldedSequence, Renderer, raise_failure
 
 MAX_BEST_OF = 2
 MAX_STOP_SEQUENCES = 4
@@ -202,7 +209,14 @@ def _grammar(grammar: Grammar | None) -> StructuredOutput | None:
     return StructuredOutput("json_schema", orjson.dumps(value).decode(), param="grammar")
 
 
-def fit_to_context(request: TgiRequest, gen: GenerationRequest, max_total: int) -> None:
+def checks(request: TgiRequest) -> Checks:
+    """The engine's refusals named as TGI names fields, and TGI's length rules."""
+    return Checks(lambda exc, _: TgiError(f"`{exc.field}`: {exc.message}"),
+                  lambda gen, max_total: fit_to_context(request, gen, max_total))
+
+
+def fit_to_context(request: TgiRequest, gen: GenerationRequest, max_total: int
+                   ) -> GenerationRequest:
     """TGI's length rules, once the prompt is tokenized: `max_new_tokens` defaults to what the
     context has left, and input plus output must fit it."""
     given = request.parameters.max_new_tokens
@@ -210,7 +224,7 @@ def fit_to_context(request: TgiRequest, gen: GenerationRequest, max_total: int) 
     if given is not None and prompt + given > max_total:
         raise TgiError(f"`inputs` tokens + `max_new_tokens` must be <= {max_total}. Given: "
                        f"{prompt} `inputs` tokens and {given} `max_new_tokens`")
-    gen.params.max_new_tokens = given if given is not None else max_total - prompt
+    return with_max_new_tokens(gen, given if given is not None else max_total - prompt)
 
 
 # --- answers ------------------------------------------------------------------------------------
@@ -273,9 +287,9 @@ def render_generate(folded: Folded, r: Rendering) -> dict[str, Any]:
     return answer
 
 
-class StreamEvents:
+class StreamEvents(Renderer):
     """One event per generated token; the last one carries `generated_text` and, when asked
-    for, `details`."""
+    for, `details`. A failure is one error event."""
 
     def __init__(self, r: Rendering, input_length: int) -> None:
         self.r = r
@@ -283,7 +297,17 @@ class StreamEvents:
         self.index = 0
         self.text = ""
 
-    def feed(self, output: Any) -> list[Event]:
+    def feed(self, pairs: list[Pair]) -> list[Event]:
+        events = []
+        for _, output in pairs:
+            raise_failure(output)
+            events += self._output_events(output)
+        return events
+
+    def failed(self, error: GenerationError) -> list[Event]:
+        return [error_event(TgiError.of(error))]
+
+    def _output_events(self, output: RequestOutput) -> list[Event]:
         seq = next((s for s in output.outputs if s.index == 0), None)
         if seq is None:
             return []

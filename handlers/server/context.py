@@ -11,10 +11,11 @@ from typing import Generic, TypeVar
 
 from handlers.engine.base import Embedder, Engine
 from handlers.engine.types import GenerationRequest
+from handlers.protocols.checks import Checks, Refuse
 from handlers.protocols.errors import ErrorKind, ProtocolError
 from handlers.protocols.openai_responses import ResponseStore
 from handlers.server.failures import FailureStreak
-from handlers.server.generation import Admission, Generation
+from handlers.server.generation import Admission, Generation, validated
 from handlers.server.telemetry import Telemetry
 
 E = TypeVar("E", Engine, Embedder)
@@ -109,10 +110,19 @@ class ServerContext:
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         self._drains: list[Callable[[], Awaitable[None]]] = []
 
-    def generation(self, engine: Engine, requests: list[GenerationRequest],
+    def text_engine(self, refuse: Refuse, not_served: Callable[[str], ProtocolError]
+                    ) -> Engine:
+        """The generation engine, or the protocol's answer why none can answer: `not_served`
+        (given the model's name) on a server without one, else the refusal of one not ready."""
+        if self.generator is None:
+            raise not_served(self.settings.model_name)
+        return self.generator.ready_engine(refuse)
+
+    def generation(self, engine: Engine, requests: list[GenerationRequest], checks: Checks,
                    timeout: float | None = None) -> Generation:
-        """Admit and submit a client request's engine requests, under the server's deadline
-        (option.predict_timeout) or the request's own `timeout`, whichever is sooner."""
+        """Validate, admit and submit a client request's engine requests, under the server's
+        deadline (option.predict_timeout) or the request's own `timeout`, whichever is sooner."""
+        requests = validated(engine, requests, checks)
         server = self.settings.predict_timeout
         own = timeout is not None and (server is None or timeout < server)
         outcome = self.generator.failures.record if self.generator is not None else None

@@ -1,5 +1,12 @@
-"""The one generation driver: every route, the DJL entry and the gRPC servicer submit, collect
-or stream through it.
+"""The one generation driver: every route, the DJL entry and the gRPC servicer validate, submit,
+collect or stream through it.
+
+A request's life: the engine validates each engine request and the protocol's `Checks` name its
+refusals and fit its output length to the context (`validated`: new requests, never edited);
+admission; then `complete` (every output folded, a failure raised as GenerationError) or
+`stream` (200 once the first events are ready, so a failure before them still gets an error
+status; then the protocol's `Renderer` turns each step into events, and a failure into its last
+ones).
 
 A `Generation` is one client request's engine requests in flight: admitted against
 `job_queue_size`, submitted together (as one job to an engine that runs groups, else merged from
@@ -15,6 +22,7 @@ abandon an engine request half-done, holding its batch slot and cache.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -29,13 +37,16 @@ from handlers.engine.types import (
     GenerationRequest,
     RequestValidationError,
 )
-from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.outputs import UNFINISHED, Folded
+from handlers.protocols.checks import Checks
+from handlers.protocols.errors import ErrorKind, GenerationError
+from handlers.protocols.outputs import UNFINISHED, Event, Folded, Renderer, raise_failure
+from handlers.server.framing import Framing, StreamReply
 from handlers.server.telemetry import RequestObserver
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Watch = Callable[[], Awaitable[None]]  # returns once the client has gone away
-Refuse = Callable[[str, ErrorKind], ProtocolError]  # a protocol's error of a given kind
 
 
 class ClientGone(Exception):
@@ -260,32 +271,87 @@ async def first(generation: Generation, accept: Callable[[list[Pair]], T | None]
         raise
 
 
-def validate_each(engine: Engine, requests: list[GenerationRequest],
-                  where: Callable[[int], str], refuse: Refuse) -> None:
-    """Let the engine check each request; its refusal in the protocol's terms, the prompt named
-    `where(index)` and a parameter `parameters.<name>`."""
+def validated(engine: Engine, requests: list[GenerationRequest], checks: Checks
+              ) -> list[GenerationRequest]:
+    """Each request checked by the engine (its prompt tokenized) and by the protocol, its
+    output length fitted; the protocol's error for the first one refused."""
+    accepted = []
     for index, request in enumerate(requests):
         try:
-            engine.validate(request)
+            request = _engine_checked(engine, request, checks)
         except RequestValidationError as exc:
-            field = where(index) if exc.field == "inputs" else f"parameters.{exc.field}"
-            raise refuse(f"{field}: {exc.message}", ErrorKind.VALIDATION) from None
+            raise checks.refusal(exc, index) from None
+        if checks.fit is not None:
+            request = checks.fit(request, engine.max_model_len)
+        accepted.append(request)
+    return accepted
 
 
-async def complete(generation: Generation, refuse: Refuse, watch: Watch | None = None
-                   ) -> list[Folded]:
-    """Every request run to its end and folded; the protocol's error when one failed."""
+def _engine_checked(engine: Engine, request: GenerationRequest, checks: Checks
+                    ) -> GenerationRequest:
+    try:
+        engine.validate(request)
+        return request
+    except RequestValidationError as exc:
+        if exc.field != "inputs" or checks.shorten is None:
+            raise
+        shorter = checks.shorten(request, engine.max_model_len)
+        if shorter is None:
+            raise
+        engine.validate(shorter)
+        return shorter
+
+
+async def complete(generation: Generation, watch: Watch | None = None) -> list[Folded]:
+    """Every request run to its end and folded (each output stamped with when it arrived);
+    GenerationError as soon as one failed (the others are aborted)."""
     folded = [Folded() for _ in generation.requests]
 
     def fold(pairs: list[Pair]) -> None:
+        now = time.monotonic()
         for index, output in pairs:
-            folded[index].add(output)
+            raise_failure(output)
+            folded[index].add(output, now)
 
     await collect(generation, fold, watch)
     for acc in folded:
         if (failure := acc.failure()) is not None:
-            raise refuse(failure.message, failure.kind)
+            raise GenerationError(failure.message, failure.kind)
     return folded
+
+
+async def stream(generation: Generation, renderer: Renderer, framing: Framing,
+                 watch: Watch | None = None) -> StreamReply:
+    """The answer as a stream that starts once its first events are ready: a failure before
+    them raises (GenerationError, or the protocol's refusal) for an error status."""
+    opening = await first(generation, lambda pairs: renderer.feed(pairs) or None, watch)
+    return StreamReply(events(generation, renderer, opening or []), framing)
+
+
+async def events(generation: Generation, renderer: Renderer, opening: list[Event] | None = None
+                 ) -> AsyncIterator[list[Event]]:
+    """The stream's chunks: `opening`, each step's events, the closing ones; a failure on the
+    way is the renderer's last events. Closing it aborts what still runs."""
+    try:
+        for chunk in _chunks(renderer, opening or []):
+            yield chunk
+        while not renderer.ended and (pairs := await generation.next()) is not None:
+            for chunk in _chunks(renderer, renderer.feed(pairs)):
+                yield chunk
+        for chunk in _chunks(renderer, renderer.done()):
+            yield chunk
+    except GenerationError as exc:
+        log.warning("generation failed mid-stream: %s", exc.message)
+        if ending := renderer.failed(exc):
+            yield ending
+    finally:
+        await generation.aclose()
+
+
+def _chunks(renderer: Renderer, events: list[Event]) -> list[list[Event]]:
+    if renderer.event_per_chunk:
+        return [[event] for event in events]
+    return [events] if events else []
 
 
 def stepped(engine: SteppableEngine, requests: list[GenerationRequest]) -> Iterator[list[Pair]]:

@@ -2,7 +2,8 @@
 
 Modules: `requests` (pydantic models), `prepare` (body -> a chat request rendered through the
 chat completions' machinery -> the engine request), `render` (message objects and stream events,
-pure), `errors` (Anthropic's error shape).
+pure), `events` (its checks and stream renderer for the driver), `errors` (Anthropic's error
+shape).
 """
 
 from handlers.protocols.anthropic.errors import (
@@ -12,6 +13,7 @@ from handlers.protocols.anthropic.errors import (
     in_anthropic_terms,
     not_a_text_model,
 )
+from handlers.protocols.anthropic.events import MessageEvents, messages_checks
 from handlers.protocols.anthropic.prepare import MessagesJob, count_tokens, prepare_messages
 from handlers.protocols.anthropic.render import MessageStream, render_message
 from handlers.protocols.anthropic.requests import VERSION_HEADER
@@ -19,12 +21,14 @@ from handlers.protocols.anthropic.requests import VERSION_HEADER
 __all__ = [
     "VERSION_HEADER",
     "AnthropicError",
+    "MessageEvents",
     "MessageStream",
     "MessagesJob",
     "count_tokens",
     "error_body",
     "generation_failed",
     "in_anthropic_terms",
+    "messages_checks",
     "not_a_text_model",
     "prepare_messages",
     "render_message",

@@ -1,7 +1,9 @@
 """DJL Serving LMI protocol: the `inputs` / `parameters` / `stream` schema and its formatters
-(rolling batch), and the dynamic-batch schema (`dynamic`)."""
+(rolling batch), the dynamic-batch schema (`dynamic`), and their streams as the driver's
+renderers (`events`)."""
 
 from handlers.protocols.lmi.errors import LmiError, LmiFailure, generation_error
+from handlers.protocols.lmi.events import LineEvents, TokenEvents
 from handlers.protocols.lmi.formatters import (
     RenderOptions,
     StreamRenderer,
@@ -12,6 +14,7 @@ from handlers.protocols.lmi.formatters import (
     stream_style,
 )
 from handlers.protocols.lmi.request import (
+    CHECKS,
     LmiRequest,
     lmi_adapter,
     parse_lmi_request,
@@ -19,12 +22,15 @@ from handlers.protocols.lmi.request import (
 )
 
 __all__ = [
+    "CHECKS",
+    "LineEvents",
     "LmiError",
     "LmiFailure",
     "LmiRequest",
     "RenderOptions",
     "StreamRenderer",
     "StreamStyle",
+    "TokenEvents",
     "answer_style",
     "early_failure",
     "generation_error",

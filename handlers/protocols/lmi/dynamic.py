@@ -12,13 +12,13 @@ per input, one line per engine step. Errors are DJL's handler failure
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from handlers.engine.types import GenerationRequest, RequestOutput, RequestValidationError
 from handlers.protocols.bodies import parse_body
+from handlers.protocols.checks import Checks
 from handlers.protocols.errors import GenerationError, ProtocolError
 from handlers.protocols.lmi.request import NOT_AN_OBJECT, LmiParameters, to_sampling_params
 from handlers.protocols.outputs import Event, Failure, Folded, output_failure
@@ -79,18 +79,16 @@ def to_generation_requests(request: DynamicRequest, adapter: str | None = None
     ]
 
 
-def validate_inputs(request: DynamicRequest, gens: list[GenerationRequest],
-                    check: Callable[[GenerationRequest], None]) -> None:
-    """The engine's `check` on each input's request; DynamicError naming the input as pydantic
-    would (`inputs`, or `inputs.2` within a list) or the parameter."""
-    for index, gen in enumerate(gens):
-        try:
-            check(gen)
-        except RequestValidationError as exc:
-            where = exc.field
-            if where == "inputs" and len(request.inputs) > 1:
-                where = f"inputs.{index}"
-            raise DynamicError(f"{where}: {exc.message}") from None
+def checks(request: DynamicRequest) -> Checks:
+    """The engine's refusals naming the input as pydantic would (`inputs`, or `inputs.2`
+    within a list) or the parameter."""
+    def refusal(exc: RequestValidationError, index: int) -> DynamicError:
+        where = exc.field
+        if where == "inputs" and len(request.inputs) > 1:
+            where = f"inputs.{index}"
+        return DynamicError(f"{where}: {exc.message}")
+
+    return Checks(refusal)
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from handlers.engine.types import GenerationRequest, SamplingParams
 from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.bodies import parse_body
+from handlers.protocols.checks import Checks
 from handlers.protocols.errors import ErrorKind, ProtocolError
 from handlers.protocols.lmi.errors import LmiError
 
@@ -169,3 +170,7 @@ def lmi_adapter(name: str | None, model: str, adapters: Sequence[str],
         return adapter_named(name, model, adapters)
     except UnknownAdapter as exc:
         raise error(f"adapters: {exc.message}", ErrorKind.NOT_FOUND) from None
+
+
+# The engine's refusals, the field named as the engine names it.
+CHECKS = Checks(lambda exc, _: LmiError(f"{exc.field}: {exc.message}"))

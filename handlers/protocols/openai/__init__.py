@@ -4,12 +4,13 @@ Databricks' extensions included).
 Modules: `requests` (pydantic models), `parse` (cross-field checks), `params` (to
 SamplingParams), `chat_prompt` (chat template), `tool_calls` (the tool-call text format and its
 parser), `structured` (constrained-decoding specs), `prepare` (body -> engine requests),
-`admit` (engine validation, the output length), `accumulate` / `logprobs` / `chat_render` /
-`completion_render` (answers from engine outputs, pure), `embeddings`, `errors`.
+`admit` (its checks: refusals in its terms, the output length), `accumulate` / `logprobs` /
+`chat_render` / `completion_render` / `events` (answers from engine outputs, pure),
+`embeddings`, `errors`.
 """
 
 from handlers.protocols.openai.accumulate import ResponseContext
-from handlers.protocols.openai.admit import admit
+from handlers.protocols.openai.admit import checks
 from handlers.protocols.openai.chat_render import ChatOptions, ChatStream, render_chat_completion
 from handlers.protocols.openai.completion_render import (
     CompletionOptions,
@@ -22,6 +23,7 @@ from handlers.protocols.openai.errors import (
     model_not_found,
     not_a_text_model,
 )
+from handlers.protocols.openai.events import chat_events, completion_events
 from handlers.protocols.openai.prepare import (
     ChatJob,
     CompletionJob,
@@ -39,7 +41,9 @@ __all__ = [
     "CompletionStream",
     "OpenAIError",
     "ResponseContext",
-    "admit",
+    "chat_events",
+    "checks",
+    "completion_events",
     "check_model",
     "generation_failed",
     "model_not_found",

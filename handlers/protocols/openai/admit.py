@@ -1,5 +1,5 @@
-"""Admission of an OpenAI request's engine requests: the engine tokenizes and checks each one,
-then its output length is fitted to the context.
+"""What OpenAI adds to the engine's checks of a request (`checks`): its refusals name OpenAI's
+fields, and the output length is fitted to the context once the prompt is tokenized.
 
 Output length: `max_tokens` / `max_completion_tokens`, where null means "up to the context". A
 cap the context cannot hold is refused, or, with Databricks' `error_behavior: truncate`, lowered
@@ -8,37 +8,32 @@ to what the context holds (and an over-long prompt keeps its end).
 
 from __future__ import annotations
 
-from handlers.engine.base import Engine
+from collections.abc import Callable
+from dataclasses import replace
+
 from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.protocols.checks import Checks, with_max_new_tokens
 from handlers.protocols.openai.errors import OpenAIError
 from handlers.protocols.openai.requests import GenerationFields
 
 
-def admit(engine: Engine, gen: GenerationRequest, request: GenerationFields,
-          prompt_field: str) -> None:
-    """Tokenize and check with the engine, then fit the output length to the context; raise
-    OpenAIError naming `prompt_field` (or the offending parameter)."""
-    try:
-        _validate(engine, gen, request)
-    except RequestValidationError as exc:
-        raise engine_refusal(exc, prompt_field) from None
-    fit_to_context(gen, request, engine.max_model_len)
-
-
-def _validate(engine: Engine, gen: GenerationRequest, request: GenerationFields) -> None:
-    try:
-        engine.validate(gen)
-    except RequestValidationError as exc:
-        if exc.field != "inputs" or not request.truncates:
-            raise
-        # A prompt the context cannot hold: keep its end, leaving the output its room.
+def checks(request: GenerationFields, prompt_field: Callable[[int], str]) -> Checks:
+    """OpenAI's checks for the engine requests of `request`; `prompt_field(i)` names the i-th
+    prompt in refusals."""
+    def shorten(gen: GenerationRequest, max_model_len: int) -> GenerationRequest:
+        """A prompt the context cannot hold keeps its end, leaving the output its room."""
         _, limit = request.max_output_tokens
-        gen.params.truncate = max(1, engine.max_model_len - (limit or 1))
-        engine.validate(gen)
+        truncate = max(1, max_model_len - (limit or 1))
+        return replace(gen, params=replace(gen.params, truncate=truncate))
+
+    return Checks(lambda exc, index: engine_refusal(exc, prompt_field(index)),
+                  lambda gen, max_model_len: fit_to_context(gen, request, max_model_len),
+                  shorten if request.truncates else None)
 
 
-def fit_to_context(gen: GenerationRequest, request: GenerationFields, max_model_len: int) -> None:
-    """Set `max_new_tokens` for a validated request (its prompt tokenized)."""
+def fit_to_context(gen: GenerationRequest, request: GenerationFields, max_model_len: int
+                   ) -> GenerationRequest:
+    """A validated request (its prompt tokenized) with its `max_new_tokens` set."""
     prompt_tokens = len(gen.prompt_token_ids or [])
     room = max_model_len - prompt_tokens
     field, limit = request.max_output_tokens
@@ -49,7 +44,7 @@ def fit_to_context(gen: GenerationRequest, request: GenerationFields, max_model_
             f"{field}: {limit} is too large; this model's context is {max_model_len} tokens "
             f"and the prompt takes {prompt_tokens}, leaving {room}",
             field, code="context_length_exceeded")
-    gen.params.max_new_tokens = room if limit is None else limit
+    return with_max_new_tokens(gen, room if limit is None else limit)
 
 
 def engine_refusal(exc: RequestValidationError, prompt_field: str) -> OpenAIError:

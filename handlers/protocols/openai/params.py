@@ -1,7 +1,7 @@
 """OpenAI requests -> the engine's `SamplingParams`.
 
 OpenAI samples by default (temperature 1); temperature 0 is greedy. `top_k` -1 or 0 is off.
-The output length is set at admission (`admit.py`), once the prompt is tokenized.
+The output length is set at admission (`admit.checks`), once the prompt is tokenized.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """From a decoded body to what the server runs: engine requests plus how to render answers.
 
-The engine still validates (tokenizes) each `GenerationRequest`; then `fit_to_context` sets its
-output length. Everything here raises `OpenAIError` naming the field.
+The driver then has the engine validate (tokenize) each `GenerationRequest`, and `admit.checks`
+fits its output length. Everything here raises `OpenAIError` naming the field.
 """
 
 from __future__ import annotations

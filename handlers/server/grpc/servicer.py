@@ -17,14 +17,16 @@ from typing import Any
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from handlers.engine.base import Pair
 from handlers.engine.types import RequestOutput
 from handlers.protocols import kserve_v2
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.kserve_v2 import KServeError, Tensor
 from handlers.protocols.lmi.request import LmiParameters
-from handlers.protocols.outputs import output_failure
+from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.server import generation as driver
 from handlers.server.context import Served, ServerContext
-from handlers.server.generation import Generation, complete, validate_each
+from handlers.server.generation import Generation
 from handlers.server.grpc.decoding import Undecodable
 from handlers.server.status import GRPC
 
@@ -116,14 +118,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if stream and len(infer.prompts) != 1:
             raise KServeError("a streamed request takes one prompt")
         gens, params = kserve_v2.generation_requests(infer)
-        validate_each(engine, gens, lambda i: f"{kserve_v2.TEXT_INPUT}[{i}]", KServeError)
         timeouts = [t for t in (kserve_v2.timeout_seconds(infer), deadline) if t is not None]
-        generation = self.ctx.generation(engine, gens, min(timeouts, default=None))
+        generation = self.ctx.generation(engine, gens, kserve_v2.CHECKS,
+                                         min(timeouts, default=None))
         return infer, params, generation
 
     async def _infer(self, request: Any, context: Any) -> Any:
         infer, params, generation = self._prepare(request, context.time_remaining())
-        folded = await complete(generation, KServeError)
+        folded = await driver.complete(generation)
         texts = [(gen.prompt if params.return_full_text else "") + acc.sequences[0].text
                  for gen, acc in zip(generation.requests, folded, strict=True)]
         return _response(request.model_name, infer.id, texts)
@@ -132,24 +134,44 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """One request's responses, one per generated token; its failure as an error message."""
         try:
             infer, _, generation = self._prepare(request, None, stream=True)
-            ask_final = _parameters(request).get(ASK_FINAL, False)
-            async for pairs in generation:
-                for _, output in pairs:
-                    for piece, final in _pieces(output):
-                        response = _response(request.model_name, infer.id, [piece])
-                        if ask_final:
-                            response.parameters[FINAL].bool_param = final
-                        send(pb.ModelStreamInferResponse(infer_response=response))
         except (ProtocolError, GenerationError) as exc:
-            log.info("streamed request %r refused or failed: %s", request.id, exc.message)
+            log.info("streamed request %r refused: %s", request.id, exc.message)
             send(pb.ModelStreamInferResponse(error_message=exc.message))
+            return
+        ask_final = _parameters(request).get(ASK_FINAL, False)
+        responses = StreamResponses(request.model_name, infer.id, ask_final)
+        async for chunk in driver.events(generation, responses):
+            for event in chunk:
+                send(event.data)
+
+
+class StreamResponses(Renderer):
+    """ModelStreamInfer's responses: one per generated token, the request's last one marked
+    final where the client asked (an output that ends the request without a token gives an
+    empty final one); a failure, one error message."""
+
+    def __init__(self, model: str, request_id: str, ask_final: bool) -> None:
+        self._model = model
+        self._id = request_id
+        self._ask_final = ask_final
+
+    def feed(self, pairs: list[Pair]) -> list[Event]:
+        return [Event(self._response(piece, final)) for _, output in pairs
+                for piece, final in _pieces(output)]
+
+    def failed(self, error: GenerationError) -> list[Event]:
+        return [Event(pb.ModelStreamInferResponse(error_message=error.message))]
+
+    def _response(self, piece: str, final: bool) -> Any:
+        response = _response(self._model, self._id, [piece])
+        if self._ask_final:
+            response.parameters[FINAL].bool_param = final
+        return pb.ModelStreamInferResponse(infer_response=response)
 
 
 def _pieces(output: RequestOutput) -> list[tuple[str, bool]]:
-    """Each generated token's text, the request's last one marked final (an output that ends
-    the request without a token gives an empty final piece); a failure raises."""
-    if (failure := output_failure(output)) is not None:
-        raise GenerationError(failure.message, failure.kind)
+    """Each generated token's text, the last one marked final; a failure raises."""
+    raise_failure(output)
     tokens = [token.text for seq in output.outputs if seq.index == 0 for token in seq.tokens]
     if output.finished and not tokens:
         tokens = [""]

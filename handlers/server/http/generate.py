@@ -5,35 +5,27 @@
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from handlers.engine.base import Engine, Pair
-from handlers.protocols.errors import ErrorKind, GenerationError
-from handlers.protocols.generate import (
-    GenerateRenderer,
-    error_event,
-    generation_request,
-    parse_generate_request,
-)
+from handlers.engine.base import Engine
+from handlers.protocols.checks import naming
+from handlers.protocols.errors import ErrorKind
+from handlers.protocols.generate import GenerateRenderer, generation_request, parse_generate_request
 from handlers.protocols.kserve_v2 import KServeError, check_version
-from handlers.protocols.outputs import Event, output_failure
+from handlers.server import generation as driver
 from handlers.server.context import ServerContext
-from handlers.server.framing import Answer, Framing, Reply, StreamReply
-from handlers.server.generation import Generation, collect, first, validate_each
+from handlers.server.framing import Answer, Framing, Reply
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.http.responses import disconnect_watch, to_response
 from handlers.server.status import HTTP
 
-log = logging.getLogger(__name__)
-
 GENERATE = HttpProtocol("generate", HTTP, KServeError, KServeError.of)
+CHECKS = naming(KServeError, lambda _: "text_input")
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -68,43 +60,13 @@ async def _answer(ctx: ServerContext, request: Request, model: str, version: str
         engine = _engine(ctx, model, version)
         parsed = parse_generate_request(body)
         gen = generation_request(parsed)
-        validate_each(engine, [gen], lambda _: "text_input", KServeError)
-        generation = ctx.generation(engine, [gen], parsed.parameters.timeout)
+        generation = ctx.generation(engine, [gen], CHECKS, parsed.parameters.timeout)
         renderer = GenerateRenderer(parsed, model, version, gen.arrival_time,
                                     ctx.settings.full_text_enabled)
         watch = disconnect_watch(request)
         if stream:
-            events = await first(generation, lambda pairs: _events(renderer, pairs), watch)
-            return StreamReply(_stream(events or [], generation, renderer),
-                               Framing.SSE_COMPACT)
-        await collect(generation, lambda pairs: _events(renderer, pairs), watch)
+            return await driver.stream(generation, renderer, Framing.SSE_COMPACT, watch)
+        await driver.collect(generation, renderer.feed, watch)
         return Reply(200, renderer.whole())
 
     return await guarded(GENERATE, answer)
-
-
-def _events(renderer: GenerateRenderer, pairs: list[Pair]) -> list[Event]:
-    """The events of these outputs; the protocol's error when one failed the request."""
-    now = time.monotonic()
-    events = []
-    for _, output in pairs:
-        if (failure := output_failure(output)) is not None:
-            raise KServeError(failure.message, failure.kind)
-        events.extend(renderer.feed(output, now))
-    return events
-
-
-async def _stream(events: list[Event], generation: Generation, renderer: GenerateRenderer
-                  ) -> AsyncIterator[list[Event]]:
-    """One chunk per event (each token goes out as it is made); a failure, one error event."""
-    try:
-        for event in events:
-            yield [event]
-        async for pairs in generation:
-            for event in _events(renderer, pairs):
-                yield [event]
-    except (KServeError, GenerationError) as exc:
-        log.warning("generation failed mid-stream: %s", exc.message)
-        yield [error_event(exc.message)]
-    finally:
-        await generation.aclose()

@@ -18,9 +18,9 @@ from handlers.engine.types import RequestValidationError
 from handlers.protocols import kserve_v1, kserve_v2
 from handlers.protocols.errors import ErrorKind
 from handlers.protocols.kserve_v2 import KServeError
+from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
-from handlers.server.generation import complete, validate_each
 from handlers.server.http.body import (
     BodyError,
     adopt_request_id,
@@ -90,10 +90,8 @@ async def _predict(ctx: ServerContext, request: Request, model: str, body: Any) 
                 raise KServeError(exc.message) from None
             return Reply(200, kserve_v1.render_predictions(result.vectors))
         pairs = kserve_v1.generation_requests(body)
-        gens = [gen for gen, _ in pairs]
-        validate_each(engine, gens, lambda i: f"instances[{i}]", KServeError)
-        folded = await complete(ctx.generation(engine, gens), KServeError,
-                                disconnect_watch(request))
+        generation = ctx.generation(engine, [gen for gen, _ in pairs], kserve_v1.CHECKS)
+        folded = await driver.complete(generation, disconnect_watch(request))
         texts = [(gen.prompt if full else "") + acc.sequences[0].text
                  for (gen, full), acc in zip(pairs, folded, strict=True)]
         return Reply(200, kserve_v1.render_predictions(texts))
@@ -174,9 +172,9 @@ async def _infer(ctx: ServerContext, request: Request, model: str, version: str 
         infer = kserve_v2.parse_rest_request(header, binary)
         adopt_request_id(infer.id)
         gens, params = kserve_v2.generation_requests(infer)
-        validate_each(engine, gens, lambda i: f"{kserve_v2.TEXT_INPUT}[{i}]", KServeError)
-        generation = ctx.generation(engine, gens, kserve_v2.timeout_seconds(infer))
-        folded = await complete(generation, KServeError, disconnect_watch(request))
+        generation = ctx.generation(engine, gens, kserve_v2.CHECKS,
+                                    kserve_v2.timeout_seconds(infer))
+        folded = await driver.complete(generation, disconnect_watch(request))
         texts = [(gen.prompt if params.return_full_text else "") + acc.sequences[0].text
                  for gen, acc in zip(gens, folded, strict=True)]
         content, tail = kserve_v2.render_response(model, infer, texts)

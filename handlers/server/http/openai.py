@@ -9,22 +9,19 @@ after that a failure is one more event before `[DONE]`.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from handlers.engine.base import Engine, Pair
-from handlers.engine.types import GenerationRequest, RequestOutput
-from handlers.protocols.errors import ErrorKind, GenerationError
+from handlers.engine.base import Engine
 from handlers.protocols.openai import (
-    ChatStream,
-    CompletionStream,
     OpenAIError,
-    admit,
+    chat_events,
+    checks,
+    completion_events,
     generation_failed,
     not_a_text_model,
     prepare_chat,
@@ -33,10 +30,9 @@ from handlers.protocols.openai import (
     render_completion,
 )
 from handlers.protocols.openai.requests import GenerationFields
-from handlers.protocols.outputs import Event, Folded, output_failure
+from handlers.server import generation as driver
 from handlers.server.context import ServerContext
-from handlers.server.framing import Answer, Framing, Reply, StreamReply
-from handlers.server.generation import Generation, collect, first
+from handlers.server.framing import Answer, Framing, Reply
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.http.responses import disconnect_watch, to_response
 from handlers.server.status import HTTP
@@ -45,7 +41,6 @@ log = logging.getLogger(__name__)
 
 OPENAI = HttpProtocol("OpenAI", HTTP, lambda message, kind: OpenAIError(message, kind=kind),
                       generation_failed)
-Feed = Callable[[int, RequestOutput], list[dict[str, Any]]]
 BodyHandler = Callable[[ServerContext, Request, Any], Awaitable[Answer]]
 
 
@@ -70,10 +65,7 @@ async def read_openai(ctx: ServerContext, request: Request, handler: BodyHandler
 
 
 def _engine(ctx: ServerContext) -> Engine:
-    """The generation engine, or the reason it cannot answer."""
-    if ctx.generator is None:
-        raise not_a_text_model(ctx.settings.model_name)
-    return ctx.generator.ready_engine(OPENAI.refusal)
+    return ctx.text_engine(OPENAI.refusal, not_a_text_model)
 
 
 async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
@@ -82,12 +74,13 @@ async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
         settings = ctx.settings
         job = prepare_chat(body, engine.tokenizer, settings.model_name,
                            settings.full_text_enabled, engine.adapters)
-        _admit(engine, job.gen, job.request, "messages")
-        generation = ctx.generation(engine, [job.gen])
+        _warn_ignored(job.request)
+        generation = ctx.generation(engine, [job.gen], checks(job.request, lambda _: "messages"))
+        watch = disconnect_watch(request)
         if job.request.stream:
-            stream = ChatStream(job.context, job.options)
-            return await _stream(request, generation, lambda _, output: stream.feed(output))
-        results = await _collect(request, generation, 1)
+            renderer = chat_events(job.context, job.options, HTTP.__getitem__)
+            return await driver.stream(generation, renderer, Framing.OPENAI_SSE, watch)
+        results = await driver.complete(generation, watch)
         return Reply(200, render_chat_completion(job.context, job.options, results[0]))
 
     return await guarded(OPENAI, answer)
@@ -98,71 +91,20 @@ async def completion_body(ctx: ServerContext, request: Request, body: Any) -> An
         engine = _engine(ctx)
         job = prepare_completion(body, engine.tokenizer, ctx.settings.model_name,
                                  engine.adapters)
-        for i, gen in enumerate(job.gens):
-            _admit(engine, gen, job.request, "prompt" if len(job.gens) == 1 else f"prompt[{i}]")
-        generation = ctx.generation(engine, job.gens)
+        _warn_ignored(job.request)
+        one = len(job.gens) == 1
+        fields = checks(job.request, lambda i: "prompt" if one else f"prompt[{i}]")
+        generation = ctx.generation(engine, job.gens, fields)
+        watch = disconnect_watch(request)
         if job.request.stream:
-            stream = CompletionStream(job.context, job.options)
-            return await _stream(request, generation, stream.feed)
-        results = await _collect(request, generation, len(job.gens))
+            renderer = completion_events(job.context, job.options, HTTP.__getitem__)
+            return await driver.stream(generation, renderer, Framing.OPENAI_SSE, watch)
+        results = await driver.complete(generation, watch)
         return Reply(200, render_completion(job.context, job.options, results))
 
     return await guarded(OPENAI, answer)
 
 
-def _admit(engine: Engine, gen: GenerationRequest, request: GenerationFields,
-           prompt_field: str) -> None:
+def _warn_ignored(request: GenerationFields) -> None:
     if ignored := request.ignored_fields:
         log.warning("ignoring unknown fields %s", ignored)
-    admit(engine, gen, request, prompt_field)
-
-
-def _check(pairs: list[Pair]) -> list[Pair]:
-    """The outputs, or the failure of the first one that failed its request."""
-    for _, output in pairs:
-        if (failure := output_failure(output)) is not None:
-            raise generation_failed(failure)
-    return pairs
-
-
-async def _collect(request: Request, generation: Generation, prompts: int) -> list[Folded]:
-    results = [Folded() for _ in range(prompts)]
-
-    def fold(pairs: list[Pair]) -> None:
-        now = time.monotonic()
-        for i, output in _check(pairs):
-            results[i].add(output, now)
-
-    await collect(generation, fold, disconnect_watch(request))
-    return results
-
-
-async def _stream(request: Request, generation: Generation, feed: Feed) -> Answer:
-    pairs = await first(generation, lambda pairs: pairs, disconnect_watch(request))
-    try:
-        _check(pairs)
-    except OpenAIError:
-        await generation.aclose()
-        raise
-    return StreamReply(_chunk_events(pairs, generation, feed), Framing.OPENAI_SSE)
-
-
-async def _chunk_events(pairs: list[Pair], generation: Generation, feed: Feed
-                        ) -> AsyncIterator[list[Event]]:
-    # One chunk per event: each goes out on its own (a PayloadPart of its own on SageMaker).
-    try:
-        for i, output in pairs:
-            for chunk in feed(i, output):
-                yield [Event(chunk)]
-        async for pairs in generation:
-            for i, output in pairs:
-                if (failure := output_failure(output)) is not None:
-                    raise GenerationError(failure.message)
-                for chunk in feed(i, output):
-                    yield [Event(chunk)]
-    except GenerationError as exc:
-        log.warning("generation failed mid-stream: %s", exc.message)
-        error = OpenAIError(f"generation failed: {exc.message}", kind=ErrorKind.FAILED)
-        yield [Event(error.payload(HTTP[error.kind]))]
-    finally:
-        await generation.aclose()

@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from handlers.engine.base import Engine, Pair
-from handlers.protocols.errors import GenerationError
-from handlers.protocols.openai import OpenAIError, admit, generation_failed, not_a_text_model
+from handlers.protocols.openai import OpenAIError, checks, not_a_text_model
 from handlers.protocols.openai_responses import (
+    ResponsesEvents,
     ResponsesJob,
     ResponsesStream,
     ResponseStore,
@@ -32,17 +29,14 @@ from handlers.protocols.openai_responses import (
     not_found,
     prepare_response,
 )
-from handlers.protocols.outputs import Event, Folded, output_failure
+from handlers.server import generation as driver
 from handlers.server.context import ServerContext
-from handlers.server.framing import Answer, Framing, Reply, StreamReply
-from handlers.server.generation import Generation, collect, first
+from handlers.server.framing import Answer, Framing, Reply
 from handlers.server.http.guard import guarded
 from handlers.server.http.openai import OPENAI, read_openai
 from handlers.server.http.responses import disconnect_watch, to_response
 
 log = logging.getLogger(__name__)
-
-Keep = Callable[[dict[str, Any]], None]  # stores a finished response (or not)
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -83,18 +77,19 @@ async def create_body(ctx: ServerContext, request: Request, body: Any) -> Answer
     store = ctx.responses
 
     async def answer() -> Answer:
-        engine = _engine(ctx)
+        engine = ctx.text_engine(OPENAI.refusal, not_a_text_model)
         job = prepare_response(body, engine.tokenizer, ctx.settings.model_name,
                                store.conversation, engine.adapters)
         if ignored := job.request.ignored_fields:
             log.warning("ignoring unknown fields %s", ignored)
-        admit(engine, job.gen, job.chat, "input")
-        generation = ctx.generation(engine, [job.gen])
+        generation = ctx.generation(engine, [job.gen], checks(job.chat, lambda _: "input"))
         render = ResponsesStream(job.options)
         keep = functools.partial(_keep, store, job)
+        watch = disconnect_watch(request)
         if job.request.stream:
-            return await _stream(request, generation, render, keep)
-        folded = await _collect(request, generation)
+            return await driver.stream(generation, ResponsesEvents(render, keep),
+                                       Framing.NAMED_SSE, watch)
+        folded = (await driver.complete(generation, watch))[0]
         response = render.whole(folded.sequences[0], folded.prompt_token_count)
         keep(response)
         return Reply(200, response)
@@ -102,66 +97,6 @@ async def create_body(ctx: ServerContext, request: Request, body: Any) -> Answer
     return await guarded(OPENAI, answer)
 
 
-def _engine(ctx: ServerContext) -> Engine:
-    if ctx.generator is None:
-        raise not_a_text_model(ctx.settings.model_name)
-    return ctx.generator.ready_engine(OPENAI.refusal)
-
-
 def _keep(store: ResponseStore, job: ResponsesJob, response: dict[str, Any]) -> None:
     if job.request.store is not False:
         store.put(Stored(response, job.items))
-
-
-def _check(pairs: list[Pair]) -> None:
-    for _, output in pairs:
-        if (failure := output_failure(output)) is not None:
-            raise generation_failed(failure)
-
-
-async def _collect(request: Request, generation: Generation) -> Folded:
-    folded = Folded()
-
-    def fold(pairs: list[Pair]) -> None:
-        _check(pairs)
-        for _, output in pairs:
-            folded.add(output, time.monotonic())
-
-    await collect(generation, fold, disconnect_watch(request))
-    return folded
-
-
-async def _stream(request: Request, generation: Generation, render: ResponsesStream,
-                  keep: Keep) -> Answer:
-    pairs = await first(generation, lambda pairs: pairs, disconnect_watch(request)) or []
-    try:
-        _check(pairs)
-    except OpenAIError:
-        await generation.aclose()
-        raise
-    return StreamReply(_events(pairs, generation, render, keep), Framing.NAMED_SSE)
-
-
-async def _events(pairs: list[Pair], generation: Generation, render: ResponsesStream,
-                  keep: Keep) -> AsyncIterator[list[Event]]:
-    try:
-        yield [Event(e) for e in render.start() + _feed(render, pairs)]
-        async for more in generation:
-            yield [Event(e) for e in _feed(render, more)]
-        keep(render.response)
-    except GenerationError as exc:
-        log.warning("generation failed mid-stream: %s", exc.message)
-        yield [Event(e) for e in render.fail(f"generation failed: {exc.message}")]
-    finally:
-        await generation.aclose()
-
-
-def _feed(render: ResponsesStream, pairs: list[Pair]) -> list[dict[str, Any]]:
-    events = []
-    for _, output in pairs:
-        if (failure := output_failure(output)) is not None:
-            raise GenerationError(failure.message)
-        for seq in output.outputs:
-            events += render.feed(seq.tokens, seq.finish_reason, output.prompt_token_count,
-                                  seq.generated_tokens)
-    return events

@@ -14,15 +14,14 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from handlers.engine.base import Engine
-from handlers.engine.types import GenerationRequest, RequestValidationError
 from handlers.protocols import tgi
 from handlers.protocols.errors import ErrorKind, GenerationError
-from handlers.protocols.outputs import Event, output_failure
+from handlers.protocols.outputs import Event
 from handlers.protocols.tgi import Rendering, StreamEvents, TgiError, TgiRequest
+from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply, StreamReply
-from handlers.server.generation import complete
+from handlers.server.generation import Generation
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.http.responses import disconnect_watch, to_response
 from handlers.server.status import TGI_HTTP
@@ -90,53 +89,41 @@ async def _answer(ctx: ServerContext, request: Request, body: Any, mode: Mode
         parsed = tgi.parse_tgi_request(body)  # what does not parse is a 422, even for streams
         stream = parsed.stream if mode == "compat" else mode == "stream"
         if stream:
-            return StreamReply(_stream(ctx, request, parsed), Framing.SSE)
-        engine, gen = _admit(ctx, parsed, stream=False)
+            return StreamReply(_stream(ctx, parsed), Framing.SSE)
+        generation = _start(ctx, parsed, stream=False)
+        gen = generation.requests[0]
         rendering = Rendering.of(parsed, gen, compat=mode == "compat")
-        folded = await complete(ctx.generation(engine, [gen]), TgiError,
-                                disconnect_watch(request))
+        folded = await driver.complete(generation, disconnect_watch(request))
         generated = tgi.render_generate(folded[0], rendering)
         return Reply(200, [generated] if mode == "compat" else generated)
 
     return await guarded(TGI, answer)
 
 
-def _admit(ctx: ServerContext, parsed: TgiRequest, stream: bool
-           ) -> tuple[Engine, GenerationRequest]:
-    """TGI's validation, then the engine's; the output length fitted to the context."""
-    if ctx.generator is None:
-        raise TgiError(f"'{ctx.settings.model_name}' is an embedding model: this server "
-                       "generates no text", ErrorKind.NOT_FOUND)
-    engine = ctx.generator.ready_engine(TgiError)
+def _start(ctx: ServerContext, parsed: TgiRequest, stream: bool) -> Generation:
+    """TGI's validation, then the engine's and the output length; admitted and submitted."""
+    engine = ctx.text_engine(TgiError, _not_a_text_model)
     tgi.validate(parsed, stream)
     gen = tgi.generation_request(parsed, ctx.settings.model_name, engine.adapters)
-    try:
-        engine.validate(gen)
-    except RequestValidationError as exc:
-        raise TgiError(f"`{exc.field}`: {exc.message}") from None
-    tgi.fit_to_context(parsed, gen, engine.max_model_len)
-    return engine, gen
+    return ctx.generation(engine, [gen], tgi.checks(parsed))
 
 
-async def _stream(ctx: ServerContext, request: Request, parsed: TgiRequest
-                  ) -> AsyncIterator[list[Event]]:
+def _not_a_text_model(model: str) -> TgiError:
+    return TgiError(f"'{model}' is an embedding model: this server generates no text",
+                    ErrorKind.NOT_FOUND)
+
+
+async def _stream(ctx: ServerContext, parsed: TgiRequest) -> AsyncIterator[list[Event]]:
     """Every token as an event; any failure, from validation on, as the last event."""
-    generation = None
     try:
-        engine, gen = _admit(ctx, parsed, stream=True)
-        generation = ctx.generation(engine, [gen])
-        events = StreamEvents(Rendering.of(parsed, gen, compat=False),
-                              len(gen.prompt_token_ids or []))
-        async for pairs in generation:
-            for _, output in pairs:
-                if (failure := output_failure(output)) is not None:
-                    raise TgiError(failure.message, failure.kind)
-                for event in events.feed(output):
-                    yield [event]
+        generation = _start(ctx, parsed, stream=True)
     except (TgiError, GenerationError) as exc:
         error = exc if isinstance(exc, TgiError) else TgiError.of(exc)
-        log.info("TGI stream ended with an error: %s", error.message)
+        log.info("TGI stream refused: %s", error.message)
         yield [tgi.error_event(error)]
-    finally:
-        if generation is not None:
-            await generation.aclose()
+        return
+    gen = generation.requests[0]
+    events = StreamEvents(Rendering.of(parsed, gen, compat=False),
+                          len(gen.prompt_token_ids or []))
+    async for chunk in driver.events(generation, events):
+        yield chunk

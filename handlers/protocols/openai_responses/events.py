@@ -1,0 +1,41 @@
+"""The Responses API's stream as the driver's renderer: `response.created` and
+`response.in_progress` open it, each step's events go in one chunk, a failure after the first
+is `response.failed`, and the finished response is kept (`keep`) once the last output is in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from handlers.engine.base import Pair
+from handlers.protocols.errors import GenerationError
+from handlers.protocols.openai_responses.render import ResponsesStream
+from handlers.protocols.outputs import Event, Renderer, raise_failure
+
+
+class ResponsesEvents(Renderer):
+    event_per_chunk = False
+
+    def __init__(self, stream: ResponsesStream, keep: Callable[[dict[str, Any]], None]) -> None:
+        self._stream = stream
+        self._keep = keep
+        self._started = False
+
+    def feed(self, pairs: list[Pair]) -> list[Event]:
+        events = []
+        for _, output in pairs:
+            raise_failure(output)
+            for seq in output.outputs:
+                events += self._stream.feed(seq.tokens, seq.finish_reason,
+                                            output.prompt_token_count, seq.generated_tokens)
+        if not self._started:
+            self._started = True
+            events = self._stream.start() + events
+        return [Event(event) for event in events]
+
+    def failed(self, error: GenerationError) -> list[Event]:
+        return [Event(e) for e in self._stream.fail(f"generation failed: {error.message}")]
+
+    def done(self) -> list[Event]:
+        self._keep(self._stream.response)
+        return []
