@@ -52,7 +52,7 @@ def json_lines(lines: Iterable[bytes]) -> Iterator[dict]:
 
 
 def request_body(prompt: str, max_new_tokens: int, stream: bool = False) -> bytes:
-    """An LMI request (seed 004's schema)."""
+    """An LMI request (DJL LMI's input/output schema)."""
     body = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}, "stream": stream}
     return json.dumps(body).encode()
 

@@ -260,7 +260,7 @@ def test_a_failed_step_fails_the_batch_then_serving_goes_on(tiny_dir, tmp_path, 
     body = json.loads(queued.body)
     assert (queued.status, queued.last, body["code"]) == (status, True, status)
     assert str(error) in body["error"]
-    # The stream had begun: it ends with seed 004's error line, its status sent already.
+    # The stream had begun: it ends with DJL LMI's error line, its status sent already.
     last = streamed.lines()[-1]
     assert (streamed.status, streamed.last) == (200, True)
     assert last["token"]["id"] == -1 and last["details"]["finish_reason"] == "error"

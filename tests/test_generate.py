@@ -1,4 +1,4 @@
-"""Triton/MindIE generate and generate_stream (seed 000) over HTTP: on the FakeEngine (its answer
+"""Triton/MindIE generate and generate_stream over HTTP: on the FakeEngine (its answer
 echoes the prompt's words, one token per step) and, for priority, on the torch engine with a
 tiny model and one batch slot."""
 
@@ -33,7 +33,7 @@ def client(engine: FakeEngine | None = None, **settings) -> httpx.AsyncClient:
 
 def events(response: httpx.Response) -> list[dict]:
     chunks = response.text.split("\n\n")
-    assert chunks[-1] == "" and all(c.startswith("data:{") for c in chunks[:-1])  # seed 000
+    assert chunks[-1] == "" and all(c.startswith("data:{") for c in chunks[:-1])  # MindIE's framing
     return [orjson.loads(c.removeprefix("data:")) for c in chunks[:-1]]
 
 

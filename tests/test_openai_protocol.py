@@ -158,7 +158,7 @@ def test_completion_refusals(fields, param):
 
 
 def test_suffix_is_appended_to_every_completion_whole_and_streamed():
-    """Seed 002 (Databricks): a string appended to the end of every completion."""
+    """Databricks' Foundation Model API: a string appended to the end of every completion."""
     opts = CompletionOptions(prompts=("a",), n=2, suffix="<END>")
     col = collect(out(seq(0, [tok(1, " x")], FinishReason.LENGTH),
                       seq(1, [tok(2, " y")], FinishReason.EOS), finished=True))

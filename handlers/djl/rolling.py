@@ -185,7 +185,7 @@ class RollingBatchDriver:
         return req.record(chunk, last=renderer.done)
 
     def _failed(self, req: _Request, exc: Exception) -> dict[str, Any]:
-        """A request's record when the step failed: a stream that began ends with seed 004's
+        """A request's record when the step failed: a stream that began ends with DJL LMI's
         error line; anything else gets an HTTP error, 507 when memory ran out."""
         if req.refusal is not None:
             return _refusal_record(req.refusal)

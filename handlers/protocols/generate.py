@@ -1,7 +1,7 @@
-"""Triton's generate extension as MindIE serves it (seed 000): `POST /v2/models/{m}/generate`
+"""Triton's generate extension as MindIE Service serves it: `POST /v2/models/{m}/generate`
 and `…/generate_stream` with `{"id", "text_input", "parameters"}`.
 
-Parameters and their ranges are seed 000's, enforced: `details`, `do_sample` (absent: decided by
+Parameters and their ranges are MindIE's, enforced: `details`, `do_sample` (absent: decided by
 the other parameters), `max_new_tokens` (20), `repetition_penalty`, `seed`, `temperature`,
 `top_k`, `top_p`, `typical_p`, `watermark` (the green-list watermark TGI uses), `batch_size`,
 `perf_stat`, `priority` (1 highest .. 5, the default: a waiting request of higher priority is

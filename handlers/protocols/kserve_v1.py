@@ -1,4 +1,4 @@
-"""KServe's V1 protocol (seed 003): `{"instances": [...]}` in, `{"predictions": [...]}` out, as
+"""KServe's V1 data plane protocol: `{"instances": [...]}` in, `{"predictions": [...]}` out, as
 KServe's Hugging Face runtime answers it: a generation model predicts each instance's text, an
 embedding model its vector.
 

@@ -1,4 +1,4 @@
-"""KServe's V2 Open Inference Protocol for text generation (seed 003), as Triton serves LLMs.
+"""KServe's Open Inference Protocol (V2) for text generation, as Triton serves LLMs.
 
 The model takes one `BYTES` input, `text_input` (shape `[n]` or `[n, 1]`: n prompts), and returns
 one `BYTES` output, `text_output` (the n generated texts). Generation parameters ride in the

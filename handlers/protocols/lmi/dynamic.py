@@ -1,4 +1,4 @@
-"""LMI's dynamic-batch schema (`option.rolling_batch=disable`, seed 004): pure functions.
+"""DJL LMI's dynamic-batch schema (`option.rolling_batch=disable`): pure functions.
 
 The body is `{"inputs": str | [str, ...], "parameters": {...}}`; the answer is a list with one
 `{"generated_text": ...}` per input, in input order (a single string is answered with a list of

@@ -1,4 +1,4 @@
-"""LMI's error bodies (seed 004): a refusal is `{"error": "<what is wrong>", "code": <status>}`;
+"""DJL LMI's error bodies: a refusal is `{"error": "<what is wrong>", "code": <status>}`;
 a generation that failed is answered with the non-streaming error answer, whose `details` say
 `finish_reason: error`."""
 
@@ -35,6 +35,6 @@ def generation_error(error: GenerationError) -> ProtocolError:
 
 
 def failure_body(message: str, status: int) -> dict[str, Any]:
-    """Seed 004's non-streaming error answer, plus DJL's `error` message and `code`."""
+    """DJL LMI schema's non-streaming error answer, plus DJL's `error` message and `code`."""
     details = {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None}
     return {"generated_text": "", "details": details, "error": message, "code": status}

@@ -188,7 +188,7 @@ class StreamRenderer:
         return lines
 
     def error(self, message: str) -> Event:
-        """The error line that ends a stream once tokens may have been sent (seed 004)."""
+        """The error line that ends a stream once tokens may have been sent (DJL LMI's schema)."""
         self.done = True
         line: dict[str, Any] = {
             "token": token_dict(_ERROR_TOKEN, self.opts.tgi),

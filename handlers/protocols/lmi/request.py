@@ -1,6 +1,6 @@
 """The LMI request body (`inputs`, `parameters`, `stream`) and its mapping to `SamplingParams`.
 
-Parameters follow seed 004's GenerationParameters, its vLLM / lmi-dist extras and TGI's names.
+Parameters follow DJL LMI's GenerationParameters, their vLLM / lmi-dist extras and TGI's names.
 Unknown parameter keys are ignored, as LMI passes them through to engines that may not use them.
 """
 

@@ -2,7 +2,7 @@
 
 A request may hold several prompts: choice `index` is `prompt_index * n + i`, and `usage` sums
 them. `echo` puts the prompt before the completion (and, with `logprobs`, its tokens' entries
-first; the first prompt token has none); `suffix` is appended to every completion (seed 002's
+first; the first prompt token has none); `suffix` is appended to every completion (a
 Databricks field; streamed, in the choice's last chunk). Usage placement in streams is as in
 `chat_render`.
 """

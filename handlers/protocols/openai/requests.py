@@ -1,12 +1,12 @@
 """OpenAI request bodies as pydantic models: chat completions and (legacy) completions.
 
-Every OpenAI field, plus the extensions of vLLM and MindIE (seed 001): `top_k`, `min_p`,
+Every OpenAI field, plus the extensions of vLLM and MindIE's OpenAI API: `top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`,
 `skip_special_tokens`, `ignore_eos`, chat's `echo` / `continue_final_message` /
 `add_generation_prompt`. Optional fields accept null (= the default), as MindIE
 documents. Unknown fields are ignored and logged, as vLLM does (OpenAI itself rejects them):
 clients such as LangChain send provider-specific extras. Ranges are OpenAI's where it has one,
-else the seed's.
+else MindIE's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; vLLM's default max_logprobs for completions
 MAX_TOOLS = 32  # as Databricks allows
-MAX_STOP_CHARS = 32 * 1024  # stop strings in all (seed 001)
+MAX_STOP_CHARS = 32 * 1024  # stop strings in all (MindIE's chat API)
 
 Probability = Annotated[float, Field(gt=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]

@@ -90,7 +90,7 @@ class Ready(BaseModel):
 
 
 class GenerateAnswer(Open):
-    """Triton / MindIE generate (seed 000); a streamed event has the same keys, with the text
+    """Triton / MindIE Service's generate; a streamed event has the same keys, with the text
     its token released."""
 
     id: str | None

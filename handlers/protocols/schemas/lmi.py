@@ -1,4 +1,4 @@
-"""LMI's answers (seed 004): rolling batch, dynamic batch, and their errors."""
+"""DJL LMI's answers (its input/output schema): rolling batch, dynamic batch, and their errors."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class DynamicAnswer(Open):
 
 
 class LmiErrorBody(Open):
-    """A refusal `{"error", "code"}`; a failed generation also carries seed 004's
+    """A refusal `{"error", "code"}`; a failed generation also carries DJL LMI's
     `generated_text: ""` and `details.finish_reason: error`; a dynamic-batch failure DJL's
     `message: "invoke handler failure"`."""
 

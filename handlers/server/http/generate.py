@@ -1,4 +1,4 @@
-"""Triton's generate extension as MindIE serves it (seed 000), over HTTP:
+"""Triton's generate extension as MindIE Service serves it, over HTTP:
 `POST /v2/models/{m}[/versions/{v}]/generate` (one JSON answer) and `…/generate_stream`
 (`data:{...}` events, one per generated token). Errors are Triton's `{"error": "..."}`.
 """
