@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from bench.probes import best_of
 from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.onednn_linear import OneDnnLinear
 from handlers.model_source import default_model_path
@@ -48,12 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def step_time(run: Callable[[], object], repeats: int) -> float:
     """Seconds per pass over every layer, the best of `repeats` after one warm-up pass."""
     run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_of(repeats, run)
 
 
 class Linears(torch.nn.Module):
