@@ -29,10 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 
 from tqdm import tqdm
 
-from bench import openai_load, probes
+from bench import client, probes
 from bench.launcher import REPO, free_port, thread_env
 from bench.peer_report import format_table, plot
-from bench.prompts import prompt
 from bench.stats import RequestResult, summarize, wall_time
 from bench.workloads import poisson_trace
 from handlers.engine.torch.machine import cpu_flags
@@ -64,7 +63,7 @@ PEERS = {
                  embeddings=True),
     "vllm-server": Peer("vLLM's own OpenAI server (CPU build)", ".venv-vllm", [
         "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_dir}",
-        "--served-model-name", openai_load.MODEL, "--host", "127.0.0.1", "--port", "{port}",
+        "--served-model-name", client.MODEL, "--host", "127.0.0.1", "--port", "{port}",
         "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)],
         ready="/health"),
     "llamacpp-direct": Peer("llama.cpp driven directly (llama-cpp-python, Q4_1 GGUF)",
@@ -234,20 +233,19 @@ def model_dir() -> str:
 
 
 def load(url: str, plan: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
-    asyncio.run(openai_load.streams(url, [[prompt(0)]], 8, lambda _n: None))  # warm up
+    asyncio.run(client.warm_up(url, client.OPENAI))
     levels = []
     for streams in (int(s) for s in plan["streams"].split(",")):
-        prompts = [[prompt(s * plan["requests"] + r) for r in range(plan["requests"])]
-                   for s in range(streams)]
         with tqdm(total=streams * plan["requests"], desc=f"{streams} streams") as bar:
-            results = asyncio.run(openai_load.streams(url, prompts, plan["max_tokens"],
-                                                      bar.update))
+            results = asyncio.run(client.closed_loop(url, client.OPENAI, streams,
+                                                     plan["requests"], plan["max_tokens"],
+                                                     bar.update))
         levels.append(level("streams", str(streams), results))
     if not args.no_trace:
         low, high = plan["trace_tokens"]
         arrivals = poisson_trace(plan["trace_requests"], plan["trace_rate"], low, high, seed=0)
         with tqdm(total=len(arrivals), desc="staggered trace") as bar:
-            results = asyncio.run(openai_load.trace(url, arrivals, bar.update))
+            results = asyncio.run(client.arrival_trace(url, client.OPENAI, arrivals, bar.update))
         levels.append(level("trace", "poisson", results))
     return levels
 

@@ -124,12 +124,12 @@ def run_levels(
 
 
 def server_levels(url: str, args: argparse.Namespace) -> list[Level]:
-    asyncio.run(client.warm_up(url))
+    asyncio.run(client.warm_up(url, client.LMI))
     turns, length = args.requests_per_client, args.max_new_tokens
     return run_levels(
         "server", args,
-        lambda c, progress: asyncio.run(client.closed_loop(url, c, turns, length, progress)),
-        lambda trace, progress: asyncio.run(client.arrival_trace(url, trace, progress)),
+        lambda c, done: asyncio.run(client.closed_loop(url, client.LMI, c, turns, length, done)),
+        lambda trace, done: asyncio.run(client.arrival_trace(url, client.LMI, trace, done)),
     )
 
 

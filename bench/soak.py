@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +29,7 @@ from tqdm import tqdm
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import client  # noqa: E402
 from bench.launcher import ServerProcess  # noqa: E402
 from bench.prompts import QUESTIONS, prompt  # noqa: E402
 
@@ -47,39 +49,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the traffic ------------------------------------------------------------------------------
 
 
-async def whole(http: httpx.AsyncClient, rng: random.Random) -> str:
+async def whole(http: aiohttp.ClientSession, rng: random.Random) -> str:
     body = {"inputs": prompt(rng.randrange(1000)),
             "parameters": {"max_new_tokens": rng.randint(8, 48)}}
-    return "whole" if (await http.post("/invocations", json=body)).status_code == 200 else "error"
+    async with http.post("/invocations", json=body) as response:
+        await response.read()
+        return "whole" if response.status == 200 else "error"
 
 
-async def stream(http: httpx.AsyncClient, rng: random.Random, drop_after: int | None) -> str:
+async def stream(http: aiohttp.ClientSession, rng: random.Random, drop_after: int | None
+                 ) -> str:
     body = {"messages": [{"role": "user", "content": rng.choice(QUESTIONS)}],
             "max_tokens": 48, "stream": True}
-    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+    async with http.post("/v1/chat/completions", json=body) as response:
         events = 0
-        async for _line in response.aiter_lines():
+        async for _line in response.content:
             events += 1
             if drop_after is not None and events >= drop_after:
-                return "dropped"  # leaving the block closes the connection mid-stream
-    return "streamed" if response.status_code == 200 else "error"
+                return "dropped"  # leaving the block unread closes the connection mid-stream
+    return "streamed" if response.status == 200 else "error"
 
 
-async def past_deadline(http: httpx.AsyncClient, rng: random.Random) -> str:
+async def past_deadline(http: aiohttp.ClientSession, rng: random.Random) -> str:
     body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
                         "data": [rng.choice(QUESTIONS)]}],
             "parameters": {"max_new_tokens": 64, "timeout": 1000}}  # microseconds
-    response = await http.post("/v2/models/smollm2-135m-instruct/infer", json=body)
-    return "timed out" if "deadline" in response.text else "error"
+    async with http.post(f"/v2/models/{client.MODEL}/infer", json=body) as response:
+        return "timed out" if "deadline" in await response.text() else "error"
 
 
-async def invalid(http: httpx.AsyncClient, rng: random.Random) -> str:
+async def invalid(http: aiohttp.ClientSession, rng: random.Random) -> str:
     body = {"inputs": "x", "parameters": {"max_new_tokens": -rng.randint(1, 9)}}
-    response = await http.post("/invocations", json=body)
-    return "refused" if 400 <= response.status_code < 500 else "error"
+    async with http.post("/invocations", json=body) as response:
+        await response.read()
+        return "refused" if 400 <= response.status < 500 else "error"
 
 
-async def one(http: httpx.AsyncClient, rng: random.Random) -> str:
+async def one(http: aiohttp.ClientSession, rng: random.Random) -> str:
     kind = rng.random()
     if kind < 0.35:
         return await whole(http, rng)
@@ -92,13 +98,14 @@ async def one(http: httpx.AsyncClient, rng: random.Random) -> str:
     return await invalid(http, rng)
 
 
-async def client(url: str, seed: int, until: float, outcomes: Counter) -> None:
+async def traffic(url: str, seed: int, until: float, outcomes: Counter) -> None:
+    """One client's requests, one after another, until `until` (time.monotonic())."""
     rng = random.Random(seed)
-    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+    async with client.session(url, timeout=300) as http:
         while time.monotonic() < until:
             try:
                 outcomes[await one(http, rng)] += 1
-            except httpx.HTTPError:
+            except (aiohttp.ClientError, asyncio.TimeoutError):
                 outcomes["transport error"] += 1
 
 
@@ -128,7 +135,7 @@ async def soak(url: str, server: psutil.Process, args: argparse.Namespace
     outcomes: Counter = Counter()
     started = time.monotonic()
     until = started + args.minutes * 60
-    clients = [asyncio.create_task(client(url, args.seed + i, until, outcomes))
+    clients = [asyncio.create_task(traffic(url, args.seed + i, until, outcomes))
                for i in range(args.clients)]
     samples = [sample(server, url, started, outcomes)]
     with tqdm(total=round(args.minutes * 60), unit="s", file=sys.stderr) as bar:

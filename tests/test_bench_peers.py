@@ -1,20 +1,22 @@
-"""The peer benchmark's parts that need no peer: its OpenAI load against our own server (over
-the fake engine), and its table's ratios."""
+"""The peer benchmark's parts that need no peer: the client's load (OpenAI and LMI routes) against
+our own server (over the fake engine), and its table's ratios."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from fakes import FakeEngine, served_app
 from server_process import serving
 
-from bench import openai_load
+from bench import client
 from bench.peer_report import format_table, rows
 
 
-def test_a_streamed_completion_counts_its_tokens_and_times_them():
-    with serving(served_app(FakeEngine(), model_name=openai_load.MODEL)) as url:
-        result = asyncio.run(openai_load.streams(url, [["Hello"], ["Hi"]], 5, lambda _n: None))
+@pytest.mark.parametrize("route", [client.OPENAI, client.LMI], ids=["openai", "lmi"])
+def test_a_streamed_completion_counts_its_tokens_and_times_them(route: client.Route):
+    with serving(served_app(FakeEngine(), model_name=client.MODEL)) as url:
+        result = asyncio.run(client.closed_loop(url, route, 2, 1, 5, lambda _n: None))
     assert [(r.error, r.tokens, r.expected_tokens) for r in result] == [(None, 5, 5)] * 2
     assert all(r.ttft is not None and r.tpot is not None for r in result)
 
