@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-import httpx
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.launcher import REPO, free_port  # noqa: E402
+from bench.launcher import ServerProcess, lmi_serve  # noqa: E402
 
 # Log lines that end a phase (the first line containing the text), in the order they come.
 PHASES = {
@@ -34,7 +32,7 @@ PHASES = {
     "model loaded": "handlers.engine.torch.loader: Loaded ",
     "ready": " is ready on http",
 }
-EMBEDDER = "all-minilm-l6-v2"
+POLL_S = 0.02  # how often a start is asked whether it answers yet
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,38 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def one_start(options: list[str], log_path: Path, timeout: float) -> dict[str, float]:
     """Seconds from launch to each phase, `/ping` 200 and the first embeddings answer."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "handlers.cli", "--host", "127.0.0.1", "--port", str(port),
-               "--grpc-port", "0", *(f"--option={o}" for o in options)]
-    launched = time.time()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    try:
-        times = {"/ping 200": _until_ok(lambda: httpx.get(f"{url}/ping", timeout=5), proc,
-                                        timeout) - launched}
-        embedding = {"model": EMBEDDER, "input": "warm start"}
-        times["/v1/embeddings"] = _until_ok(lambda: httpx.post(
-            f"{url}/v1/embeddings", json=embedding, timeout=timeout), proc, timeout) - launched
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    return {**_phases(log_path.read_text(errors="replace"), launched), **times}
-
-
-def _until_ok(ask, proc: subprocess.Popen, timeout: float) -> float:
-    """The time the first 200 came back; polls every 20 ms."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if ask().status_code == 200:
-                return time.time()
-        except httpx.HTTPError:
-            pass  # not listening yet
-        time.sleep(0.02)
-    raise TimeoutError(f"no answer in {timeout:.0f} s")
+    with ServerProcess(lmi_serve(options), log_path) as server:
+        times = {"/ping 200": server.wait_ready(timeout, poll=POLL_S)}
+        server.wait_embeddings(timeout, poll=POLL_S)
+        times["/v1/embeddings"] = time.time() - server.launched
+    return {**_phases(log_path.read_text(errors="replace"), server.launched), **times}
 
 
 def _phases(log: str, launched: float) -> dict[str, float]:

@@ -21,7 +21,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from tqdm import tqdm
 
 from bench import client, probes
-from bench.launcher import REPO, free_port, thread_env
+from bench.launcher import REPO, Command, ServerProcess, free_port, lmi_serve, thread_env
 from bench.peer_report import format_table, plot
 from bench.stats import RequestResult, summarize, wall_time
 from bench.workloads import poisson_trace
@@ -44,30 +44,26 @@ KV_CACHE_BYTES = 4 << 30  # what our vllm engine gives vLLM's CPU build; vLLM's 
 class Peer:
     name: str
     venv: str  # relative to the repository
-    args: list[str]  # after `python`; {port} and {model_dir} are filled in
+    options: tuple[str, ...] | None = None  # lmi-serve's `option.X=Y` settings; None: not ours
+    args: tuple[str, ...] = ()  # another server's, after `python`; {port}, {model_dir} filled in
     ready: str = "/ping"  # answers 200 once it serves
     embeddings: bool = False  # loads the default embedding model beside, once it serves
-    reference: str | None = None  # the peer its throughput is compared with
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-OURS = ["-m", "handlers.cli", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "0"]
 PEERS = {
-    "torch": Peer("lmi-serve, default (torch engine, auto dtype)", ".venv", OURS,
-                  reference="vllm-server", embeddings=True),
+    "torch": Peer("lmi-serve, default (torch engine, auto dtype)", ".venv", (),
+                  embeddings=True),
     "llamacpp": Peer("lmi-serve, llama.cpp engine (Q4_1 GGUF)", ".venv-llamacpp",
-                     [*OURS, "--option", "option.rolling_batch=llamacpp"],
-                     reference="llamacpp-direct", embeddings=True),
+                     ("option.rolling_batch=llamacpp",), embeddings=True),
     "vllm": Peer("lmi-serve, vllm engine (vLLM CPU build)", ".venv-vllm",
-                 [*OURS, "--option", "option.rolling_batch=vllm"], reference="vllm-server",
-                 embeddings=True),
-    "vllm-server": Peer("vLLM's own OpenAI server (CPU build)", ".venv-vllm", [
+                 ("option.rolling_batch=vllm",), embeddings=True),
+    "vllm-server": Peer("vLLM's own OpenAI server (CPU build)", ".venv-vllm", args=(
         "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_dir}",
         "--served-model-name", client.MODEL, "--host", "127.0.0.1", "--port", "{port}",
-        "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)],
+        "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)),
         ready="/health"),
     "llamacpp-direct": Peer("llama.cpp driven directly (llama-cpp-python, Q4_1 GGUF)",
-                            ".venv-llamacpp", []),
+                            ".venv-llamacpp"),
 }
 FULL = {"streams": "1,16,32", "requests": 2, "max_tokens": 128, "trace_requests": 40,
         "trace_rate": 1.0, "trace_tokens": (16, 256)}
@@ -130,98 +126,38 @@ def machine_info(threads: int) -> dict[str, Any]:
 
 
 def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[dict]:
+    # vLLM's CPU build binds its own OpenMP threads (one core each, one kept for its frontend):
+    # an OMP_NUM_THREADS above that oversubscribes the bound cores ~30x slower.
+    env = None if peer.venv == ".venv-vllm" else thread_env(args.threads)
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [str(python), *(a.format(port=port, model_dir=model_dir()) for a in peer.args),
-               *vllm_flags(peer, args)]
     log = args.out / f"peer-{peer.venv.strip('.')}-{port}.log"
-    args.out.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as sink:
-        # vLLM's CPU build binds its own OpenMP threads (one core each, one kept for its
-        # frontend): an OMP_NUM_THREADS above that oversubscribes the bound cores ~30x slower.
-        env = os.environ if peer.venv == ".venv-vllm" else thread_env(args.threads)
-        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=env)
-    try:
-        started = wait_ready(proc, url + peer.ready, args.startup_timeout, log)
+    with ServerProcess(command(peer, python, args), log, env, port) as server:
+        started = server.wait_ready(args.startup_timeout, peer.ready, poll=1.0)
         print(f"ready in {started:.0f} s", flush=True)
-        compiled = wait_decode_graphs(proc, url, args.startup_timeout, log)
+        compiled = server.wait_decode_graphs(args.startup_timeout)
         if compiled:
             print(f"decode graphs in use {compiled:.0f} s later", flush=True)
-        embedding = wait_embeddings(url, args.startup_timeout) if peer.embeddings else 0.0
+        embedding = server.wait_embeddings(args.startup_timeout) if peer.embeddings else 0.0
         if embedding:
             print(f"embedding model loaded {embedding:.0f} s later", flush=True)
         return [{"startup_s": started, "decode_graphs_s": compiled, "embeddings_s": embedding,
-                 **level} for level in load(url, plan, args)]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+                 **measured} for measured in load(server.url, plan, args)]
 
 
-def vllm_flags(peer: Peer, args: argparse.Namespace) -> list[str]:
-    """--vllm-dtype / --vllm-eager, in each vLLM peer's own terms."""
-    if peer is PEERS["vllm-server"]:
-        return [*(["--dtype", args.vllm_dtype] if args.vllm_dtype != "auto" else []),
-                *(["--enforce-eager"] if args.vllm_eager else [])]
-    if peer is PEERS["vllm"]:
+def command(peer: Peer, python: Path, args: argparse.Namespace) -> Command:
+    """The peer's command line, with --vllm-dtype / --vllm-eager in each vLLM peer's terms."""
+    if peer.options is not None:  # ours
         ours = {"float32": "fp32", "bfloat16": "bf16"}.get(args.vllm_dtype)
-        return [*(["--option", f"option.dtype={ours}"] if ours else []),
-                *(["--option", "option.enforce_eager=true"] if args.vllm_eager else [])]
-    return []
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
-    import httpx
-
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: exited {proc.returncode}; see {log}")
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return time.monotonic() - began
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f} s; see {log}")
-
-
-def wait_decode_graphs(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
-    """Seconds until our torch engine's compiled decode step is in use (its /metrics:
-    lmi_decode_graphs_ready reaching lmi_decode_graphs_total), as vLLM's server compiles before
-    it answers; 0 for a server that compiles none."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: exited {proc.returncode}; see {log}")
-        try:
-            text = httpx.get(f"{url}/metrics", timeout=30).text
-        except httpx.HTTPError:  # busy loading them
-            continue
-        found = {s.name: s.value for f in text_string_to_metric_families(text)
-                 for s in f.samples if s.name.startswith("lmi_decode_graphs_")}
-        if found.get("lmi_decode_graphs_ready") == found.get("lmi_decode_graphs_total"):
-            return time.monotonic() - began
-        time.sleep(2)
-    raise TimeoutError(f"{url}: decode graphs not ready after {timeout:.0f} s; see {log}")
-
-
-def wait_embeddings(url: str, timeout: float) -> float:
-    """Seconds until the embedding model our server loads after it starts serving answers (an
-    embeddings request waits for it): the levels then measure serving, not a load sharing the
-    cores (it took 4-14 s, and a one-stream level measured meanwhile ran ~2x slower)."""
-    import httpx
-
-    began = time.monotonic()
-    response = httpx.post(f"{url}/v1/embeddings", json={"input": "warm up"}, timeout=timeout)
-    response.raise_for_status()
-    return time.monotonic() - began
+        vllm = peer is PEERS["vllm"]
+        return lmi_serve([*peer.options,
+                          *([f"option.dtype={ours}"] if vllm and ours else []),
+                          *(["option.enforce_eager=true"] if vllm and args.vllm_eager else [])],
+                         str(python))
+    flags = [*(["--dtype", args.vllm_dtype] if args.vllm_dtype != "auto" else []),
+             *(["--enforce-eager"] if args.vllm_eager else [])]
+    directory = model_dir()
+    return lambda port: [str(python), *(a.format(port=port, model_dir=directory)
+                                        for a in peer.args), *flags]
 
 
 def model_dir() -> str:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from tqdm import tqdm
 
 from bench import client
-from bench.launcher import ServerProcess
+from bench.launcher import ServerProcess, lmi_serve, thread_env
 from bench.prompts import prompt
 from bench.report import Level, format_table, plot, save_json
 from bench.stats import RequestResult, summarize, wall_time
@@ -138,8 +138,9 @@ def run_server(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]:
     if args.url:
         url = args.url.rstrip("/")
         return server_levels(url, args), {"url": url}
-    with ServerProcess(args.out / "server.log", args.max_batch, args.threads,
-                       args.server_dtype) as server:
+    command = lmi_serve([f"option.max_rolling_batch_size={args.max_batch}",
+                         f"option.dtype={args.server_dtype}"])
+    with ServerProcess(command, args.out / "server.log", thread_env(args.threads)) as server:
         print(f"starting {' '.join(server.command)}", file=sys.stderr)
         server.wait_ready(args.startup_timeout)
         info = {"command": server.command, "log": str(server.log_path)}

@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import client  # noqa: E402
-from bench.launcher import ServerProcess  # noqa: E402
+from bench.launcher import ServerProcess, lmi_serve, thread_env  # noqa: E402
 from bench.prompts import QUESTIONS, prompt  # noqa: E402
 
 
@@ -186,7 +186,8 @@ def plot(samples: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    with ServerProcess(args.out / "soak-server.log", args.max_batch, args.threads) as server:
+    command = lmi_serve([f"option.max_rolling_batch_size={args.max_batch}", "option.dtype=auto"])
+    with ServerProcess(command, args.out / "soak-server.log", thread_env(args.threads)) as server:
         server.wait_ready(600)
         samples, outcomes = asyncio.run(soak(server.url, psutil.Process(server.proc.pid), args))
     print(table(samples))
