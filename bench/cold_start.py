@@ -14,17 +14,15 @@ max seconds); writes `<out>/cold-start-<time>.json` and `.png`.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-from tqdm import tqdm
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.launcher import ServerProcess, lmi_serve  # noqa: E402
+from bench.launcher import ServerProcess, lmi_serve
+from bench.report import RESULTS, figure, progress, write_json
 
 # Log lines that end a phase (the first line containing the text), in the order they come.
 PHASES = {
@@ -40,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=5, help="timed starts (after a warm-up)")
     parser.add_argument("--option", action="append", default=[], help="KEY=VALUE for lmi-serve")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a start may take")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
 
@@ -77,25 +75,18 @@ def format_table(stats: dict[str, dict[str, float]]) -> str:
 
 
 def plot(runs: list[dict[str, float]], path: Path) -> None:
-    import matplotlib  # here, so the table and JSON need no matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 1 + 0.5 * len(runs)))
-    for row, run in enumerate(runs):
-        start = 0.0
-        for name in (*PHASES, "/ping 200"):
-            if name in run:
-                ax.barh(row, run[name] - start, left=start, label=name if row == 0 else None)
-                start = run[name]
-        ax.plot(run["/v1/embeddings"], row, "k|", markersize=14,
-                label="/v1/embeddings" if row == 0 else None)
-    ax.set_xlabel("seconds from launch")
-    ax.set_yticks(range(len(runs)), [f"run {i + 1}" for i in range(len(runs))])
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with figure(path, 1, (8, 1 + 0.5 * len(runs)), dpi=120) as ax:
+        for row, run in enumerate(runs):
+            start = 0.0
+            for name in (*PHASES, "/ping 200"):
+                if name in run:
+                    ax.barh(row, run[name] - start, left=start, label=name if row == 0 else None)
+                    start = run[name]
+            ax.plot(run["/v1/embeddings"], row, "k|", markersize=14,
+                    label="/v1/embeddings" if row == 0 else None)
+        ax.set_xlabel("seconds from launch")
+        ax.set_yticks(range(len(runs)), [f"run {i + 1}" for i in range(len(runs))])
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=5, fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,14 +96,16 @@ def main(argv: list[str] | None = None) -> None:
     logs = args.out / f"cold-start-{stamp}-logs"
     logs.mkdir()
     runs = []
-    for index in tqdm(range(args.runs + 1), desc="starts", unit="start"):
-        timed = one_start(args.option, logs / f"run-{index}.log", args.timeout)
-        if index:  # the first fills the caches
-            runs.append(timed)
+    with progress(args.runs + 1, "starts", unit="start") as bar:
+        for index in range(args.runs + 1):
+            timed = one_start(args.option, logs / f"run-{index}.log", args.timeout)
+            if index:  # the first fills the caches
+                runs.append(timed)
+            bar.update()
     stats = summary(runs)
     print(format_table(stats))
     doc = {"options": args.option, "runs": runs, "summary": stats}
-    (args.out / f"cold-start-{stamp}.json").write_text(json.dumps(doc, indent=2))
+    write_json(doc, args.out / f"cold-start-{stamp}.json")
     plot(runs, args.out / f"cold-start-{stamp}.png")
     print(f"wrote {args.out / f'cold-start-{stamp}'}.json and .png")
 

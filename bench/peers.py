@@ -27,12 +27,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find `bench`
 
-from tqdm import tqdm
-
 from bench import client, probes
 from bench.launcher import REPO, Command, ServerProcess, free_port, lmi_serve, thread_env
-from bench.peer_report import format_table, plot
-from bench.stats import RequestResult, summarize, wall_time
+from bench.report import RESULTS, Level, peer_plot, peer_table, progress, write_json
+from bench.stats import RequestResult, level
 from bench.workloads import poisson_trace
 from handlers.engine.torch.machine import cpu_flags
 
@@ -84,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="both vLLM peers without torch.compile (starts in ~1 min, not ~4)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--startup-timeout", type=float, default=900)
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
 
 
@@ -108,12 +106,16 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             print(f"\n== {peer.name} (round {round_ + 1} of {args.rounds})", flush=True)
             run = run_direct if key == "llamacpp-direct" else run_server
-            levels += [{"peer": key, "round": round_, **level}
-                       for level in run(peer, python, plan, args)]
+            levels += [{"peer": key, "round": round_, **measured}
+                       for measured in run(peer, python, plan, args)]
             save(doc, args.out, stamp)  # so far: a run cut short keeps what it measured
     machine["probes"] = [machine["bounds"], probes.bounds(PARAMETERS, args.threads)]
     machine["bounds"] = probes.highest(*machine["probes"])  # before and after the peers
-    report(doc, args.out, stamp)
+    print()
+    print(peer_table(doc))
+    path = save(doc, args.out, stamp)
+    peer_plot(doc, path.with_suffix(".png"))
+    print(f"\nwrote {path} and {path.with_suffix('.png')}")
 
 
 def machine_info(threads: int) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def machine_info(threads: int) -> dict[str, Any]:
             "bounds": probes.bounds(PARAMETERS, threads)}
 
 
-def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[dict]:
+def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[Level]:
     # vLLM's CPU build binds its own OpenMP threads (one core each, one kept for its frontend):
     # an OMP_NUM_THREADS above that oversubscribes the bound cores ~30x slower.
     env = None if peer.venv == ".venv-vllm" else thread_env(args.threads)
@@ -168,29 +170,26 @@ def model_dir() -> str:
     return str(cached_gguf_dir(default_model_path()))
 
 
-def load(url: str, plan: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
+def load(url: str, plan: dict, args: argparse.Namespace) -> list[Level]:
+    """The plan's levels over OpenAI completions: each count of streams, then the trace."""
     asyncio.run(client.warm_up(url, client.OPENAI))
     levels = []
     for streams in (int(s) for s in plan["streams"].split(",")):
-        with tqdm(total=streams * plan["requests"], desc=f"{streams} streams") as bar:
+        with progress(streams * plan["requests"], f"{streams} streams") as bar:
             results = asyncio.run(client.closed_loop(url, client.OPENAI, streams,
                                                      plan["requests"], plan["max_tokens"],
                                                      bar.update))
-        levels.append(level("streams", str(streams), results))
+        levels.append(level(results, workload="streams", label=str(streams)))
     if not args.no_trace:
         low, high = plan["trace_tokens"]
         arrivals = poisson_trace(plan["trace_requests"], plan["trace_rate"], low, high, seed=0)
-        with tqdm(total=len(arrivals), desc="staggered trace") as bar:
+        with progress(len(arrivals), "staggered trace") as bar:
             results = asyncio.run(client.arrival_trace(url, client.OPENAI, arrivals, bar.update))
-        levels.append(level("trace", "poisson", results))
+        levels.append(level(results, workload="trace", label="poisson"))
     return levels
 
 
-def level(workload: str, label: str, results: list[RequestResult]) -> dict[str, Any]:
-    return {"workload": workload, "label": label, **summarize(results, wall_time(results))}
-
-
-def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[dict]:
+def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[Level]:
     """llama.cpp in its own process, one request at a time; its 1-stream level only (more
     streams only queue: the same rate, longer waits)."""
     from handlers.model_source import default_model_path
@@ -205,23 +204,12 @@ def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -
         results = [RequestResult(start=r["start"], first_token=r["first"],
                                  last_token=r["last"], done=r["done"], tokens=r["tokens"],
                                  expected_tokens=plan["max_tokens"]) for r in runs]
-        levels.append(level("streams", streams, results))
+        levels.append(level(results, workload="streams", label=streams))
     return levels
 
 
 def save(doc: dict[str, Any], out: Path, stamp: str) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"peers-{stamp}.json"
-    path.write_text(json.dumps(doc, indent=1))
-    return path
-
-
-def report(doc: dict[str, Any], out: Path, stamp: str) -> None:
-    print()
-    print(format_table(doc))
-    path = save(doc, out, stamp)
-    plot(doc, path.with_suffix(".png"))
-    print(f"\nwrote {path} and {path.with_suffix('.png')}")
+    return write_json(doc, out / f"peers-{stamp}.json")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
@@ -24,14 +23,14 @@ import aiohttp
 import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from tqdm import tqdm
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import client  # noqa: E402
-from bench.launcher import ServerProcess, lmi_serve, thread_env  # noqa: E402
-from bench.prompts import QUESTIONS, prompt  # noqa: E402
+from bench import client
+from bench.launcher import ServerProcess, lmi_serve, thread_env
+from bench.prompts import QUESTIONS, prompt
+from bench.report import RESULTS, figure, format_table, progress, write_json
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=psutil.cpu_count())
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
 
@@ -138,7 +137,7 @@ async def soak(url: str, server: psutil.Process, args: argparse.Namespace
     clients = [asyncio.create_task(traffic(url, args.seed + i, until, outcomes))
                for i in range(args.clients)]
     samples = [sample(server, url, started, outcomes)]
-    with tqdm(total=round(args.minutes * 60), unit="s", file=sys.stderr) as bar:
+    with progress(round(args.minutes * 60), unit="s") as bar:
         while time.monotonic() < until:
             await asyncio.sleep(min(args.interval, max(until - time.monotonic(), 0)))
             samples.append(await asyncio.to_thread(sample, server, url, started, outcomes))
@@ -157,30 +156,19 @@ COLUMNS = ("minute", "rss_mb", "open_files", "threads", "slots_in_use", "running
 
 
 def table(samples: list[dict[str, Any]]) -> str:
-    rows = [COLUMNS, *[tuple(str(s[c]) for c in COLUMNS) for s in samples]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True))
-                     for row in rows)
+    return format_table(COLUMNS, [tuple(str(s[c]) for c in COLUMNS) for s in samples])
 
 
 def plot(samples: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     minutes = [s["minute"] for s in samples]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, label in zip(axes, ("rss_mb", "open_files", "slots_in_use"),
-                              ("RSS (MiB)", "open files", "KV slots in use (at the sample)"),
-                              strict=True):
-        ax.plot(minutes, [s[key] for s in samples], marker="o")
-        ax.set_xlabel("minute")
-        ax.set_title(label)
-        ax.set_ylim(bottom=0)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 3, (14, 4)) as axes:
+        for ax, key, label in zip(axes, ("rss_mb", "open_files", "slots_in_use"),
+                                  ("RSS (MiB)", "open files", "KV slots in use (at the sample)"),
+                                  strict=True):
+            ax.plot(minutes, [s[key] for s in samples], marker="o")
+            ax.set_xlabel("minute")
+            ax.set_title(label)
+            ax.set_ylim(bottom=0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,10 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         samples, outcomes = asyncio.run(soak(server.url, psutil.Process(server.proc.pid), args))
     print(table(samples))
     print("outcomes:", dict(sorted(outcomes.items())))
-    args.out.mkdir(parents=True, exist_ok=True)
     doc = {"args": {k: str(v) for k, v in vars(args).items()}, "samples": samples,
            "outcomes": dict(outcomes), "cpu": _cpu()}
-    (args.out / f"soak-{stamp}.json").write_text(json.dumps(doc, indent=1))
+    write_json(doc, args.out / f"soak-{stamp}.json")
     plot(samples, args.out / f"soak-{stamp}.png")
     print(f"saved {args.out}/soak-{stamp}.json and .png")
     return 1 if outcomes["error"] or outcomes["transport error"] else 0

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from bench import client
 from bench.client import LmiTimer
-from bench.report import format_table, paired, plot
+from bench.report import paired, serving_plot, serving_table
 from bench.serving import parse_args
 from bench.stats import RequestResult, percentile, summarize, wall_time
 from bench.workloads import (
@@ -235,11 +235,11 @@ def test_table_pairs_server_with_generate_and_shows_the_ratio(tmp_path):
     levels = [level("server", "C=8", 300.0), level("generate", "C=8", 100.0),
               level("server", "C=16", 50.0)]
     assert [(p.label, p.ratio) for p in paired(levels)] == [("C=8", 3.0), ("C=16", None)]
-    table = format_table(levels)
+    table = serving_table(levels)
     assert "3.00x" in table and "250" in table  # TTFT p99 in ms
     assert len(table.splitlines()) == 2 + 3 + 1
 
-    plot(levels, tmp_path / "plot.png")
+    serving_plot(levels, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG")
 
 

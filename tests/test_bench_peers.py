@@ -1,5 +1,5 @@
 """The peer benchmark's parts that need no peer: the client's load (OpenAI and LMI routes) against
-our own server (over the fake engine), and its table's ratios."""
+our own server (over the fake engine), and the report's ratios."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fakes import FakeEngine, served_app
 from server_process import serving
 
 from bench import client
-from bench.peer_report import format_table, rows
+from bench.report import peer_rows, peer_table
 
 
 @pytest.mark.parametrize("route", [client.OPENAI, client.LMI], ids=["openai", "lmi"])
@@ -39,18 +39,18 @@ def test_ratios_are_against_each_peers_reference_at_the_same_level():
                level("torch", "1", 65), level("torch", "16", 600),
                level("llamacpp-direct", "1", 90), level("llamacpp", "16", 180)],
               {"vllm": "no .venv-vllm"})
-    ratios = {(row[0], row[2]): row[5] for row in rows(doc)}
+    ratios = {(row[0], row[2]): row[5] for row in peer_rows(doc)}
     assert ratios[("torch", "1")] == "1.30x" and ratios[("torch", "16")] == "1.50x"
     # llama.cpp serves one request at a time: its one-stream rate is the reference everywhere.
     assert ratios[("llamacpp", "16")] == "2.00x" and ratios[("vllm-server", "1")] == "-"
-    assert "skipped vllm: no .venv-vllm" in format_table(doc)
+    assert "skipped vllm: no .venv-vllm" in peer_table(doc)
 
 
 def test_rounds_are_reported_by_their_median():
     doc = run([level("vllm-server", "1", 50), level("vllm", "1", 40),
                level("vllm-server", "1", 60), level("vllm", "1", 58),
                level("vllm-server", "1", 100), level("vllm", "1", 57)])
-    table = {row[0]: row for row in rows(doc)}
+    table = {row[0]: row for row in peer_rows(doc)}
     assert table["vllm-server"][3:6] == ("3", "60.0", "-")
     assert table["vllm"][3:6] == ("3", "57.0", "0.95x")
 
