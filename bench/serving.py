@@ -3,7 +3,7 @@
 Workload A is a closed loop at fixed concurrency and fixed output length; workload B replays a
 Poisson arrival trace with mixed output lengths. Both run against the server (started here, or
 `--url`) and then against Hugging Face generate() in this process, never at the same time.
-See bench/README.md. Run: `./dev bench [--quick]`.
+See bench/README.md. Run: `./dev bench [--quick]` or `python -m bench.serving [--quick]`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find `bench`
 
 from bench import client
 from bench.launcher import ServerProcess, lmi_serve, thread_env

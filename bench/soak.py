@@ -4,8 +4,8 @@ warm-up the samples should stay flat. Traffic: whole answers, streams read to th
 the client drops after a few tokens, requests past a 1 ms deadline (KServe V2 `timeout`) and
 invalid requests, from `--clients` concurrent clients. Prints a table, saves JSON and a PNG.
 
-    .venv/bin/python bench/soak.py                       # 20 minutes, the embedded default
-    .venv/bin/python bench/soak.py --minutes 2 --interval 10   # a smoke run
+    .venv/bin/python -m bench.soak                       # 20 minutes, the embedded default
+    .venv/bin/python -m bench.soak --minutes 2 --interval 10   # a smoke run
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ import aiohttp
 import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import client
 from bench.launcher import ServerProcess, lmi_serve, thread_env
