@@ -11,11 +11,12 @@ import time
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.generation.streamers import BaseStreamer
 
 from bench.stats import RequestResult
 from bench.workloads import Arrival, BatchTiming, Progress, closed_loop_prompts, run_static_trace
-from handlers.engine.torch.loader import load_model
+from handlers.engine.torch.loader import cached_gguf_dir, resolve_dtype
 from handlers.model_source import default_model_path
 
 
@@ -24,8 +25,13 @@ class GenerateBaseline:
 
     def __init__(self, threads: int, dtype: str) -> None:
         torch.set_num_threads(threads)
-        loaded = load_model(default_model_path(), dtype=dtype)  # the cached GGUF conversion
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        # Transformers' own classes (the server's loader gives its own Llama, which has no
+        # generate()) over the GGUF's cached conversion, which the server reads too.
+        directory = cached_gguf_dir(default_model_path())
+        self.model = AutoModelForCausalLM.from_pretrained(
+            directory, dtype=resolve_dtype(dtype, torch.device("cpu"), None),
+            local_files_only=True).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         self.tokenizer.padding_side = "left"
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:

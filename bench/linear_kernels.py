@@ -6,7 +6,7 @@ torch minor version (2.14 for zentorch 2.14), so it runs in an environment of it
 `--inductor`, also through inductor's C++ GEMM template over frozen weights (`torch.compile`
 with freezing and max-autotune: a minute or more of compiling per row count).
 
-    .venv/bin/python bench/linear_kernels.py [--rows 1,8,32,64,256] [--repeats 5] [--threads N]
+    .venv/bin/python -m bench.linear_kernels [--rows 1,8,32,64,256] [--repeats 5] [--threads N]
         [--inductor]
 
 The weights are the embedded model's own (every linear layer and the LM head), so they stream
@@ -18,17 +18,16 @@ against the machine's read bandwidth (`bench/probes.py`). Prints a table; writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
+from bench.probes import best_of
+from bench.report import RESULTS, figure, progress, write_json
 from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.onednn_linear import OneDnnLinear
 from handlers.model_source import default_model_path
@@ -41,19 +40,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--inductor", action="store_true",
                         help="also inductor's C++ GEMM over frozen weights (slow to compile)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
 
 def step_time(run: Callable[[], object], repeats: int) -> float:
     """Seconds per pass over every layer, the best of `repeats` after one warm-up pass."""
     run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_of(repeats, run)
 
 
 class Linears(torch.nn.Module):
@@ -113,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     inductor = Linears(linears).eval() if args.inductor else None
     rows_list = [int(r) for r in args.rows.split(",")]
     results = []
-    with torch.inference_mode(), tqdm(total=len(rows_list), file=sys.stderr) as bar:
+    with torch.inference_mode(), progress(len(rows_list), unit="row count") as bar:
         for rows in rows_list:
             results.append(measure(rows, linears, packed, args.repeats, inductor))
             bar.update()
@@ -139,26 +133,18 @@ def print_table(results: list[dict], gigabytes: float) -> None:
 
 
 def save(args: argparse.Namespace, results: list[dict], layers: int, gigabytes: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"linear-{time.strftime('%Y%m%d-%H%M%S')}"
     meta = {"threads": args.threads, "repeats": args.repeats, "layers": layers,
             "weights_gb": gigabytes, "torch": torch.__version__, "cpu_count": os.cpu_count()}
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results},
-                                                    indent=2))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    rows = [r["rows"] for r in results]
-    for key, label in KERNELS.items():
-        if key in results[0]:
-            ax.plot(rows, [r[key] for r in results], "o-", label=label)
-    ax.set(xscale="log", xlabel="rows", ylabel="ms per step (all linears)",
-           title=f"{layers} linear layers, {args.threads} threads")
-    ax.legend()
-    fig.savefig(stem.with_suffix(".png"), dpi=100, bbox_inches="tight")
+    write_json({"meta": meta, "results": results}, stem.with_suffix(".json"))
+    with figure(stem.with_suffix(".png"), 1, (6, 4), dpi=100) as ax:
+        rows = [r["rows"] for r in results]
+        for key, label in KERNELS.items():
+            if key in results[0]:
+                ax.plot(rows, [r[key] for r in results], "o-", label=label)
+        ax.set(xscale="log", xlabel="rows", ylabel="ms per step (all linears)",
+               title=f"{layers} linear layers, {args.threads} threads")
+        ax.legend()
     print(f"wrote {stem}.json and {stem}.png")
 
 

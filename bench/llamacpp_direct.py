@@ -1,7 +1,7 @@
 """llama.cpp driven directly (llama-cpp-python's `Llama`, no server): the peer benchmark's
 reference for a GGUF file. Run in the environment that has llama_cpp (LMI_EXTRAS=llamacpp):
 
-    python bench/llamacpp_direct.py MODEL.gguf --streams 1,16 --requests 2 --max-tokens 128
+    python -m bench.llamacpp_direct MODEL.gguf --streams 1,16 --requests 2 --max-tokens 128
 
 One `Llama` serves one request at a time (so does llama-cpp-python's own server): a level of N
 streams is its N x requests requests, in turn, all queued at the level's start. Prints one JSON
@@ -15,12 +15,10 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from llama_cpp import Llama
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.prompts import prompt  # noqa: E402
+from bench.prompts import prompt
 
 
 def run_one(llm: Llama, text: str, max_tokens: int, start: float) -> dict[str, float | int]:

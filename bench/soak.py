@@ -4,15 +4,14 @@ warm-up the samples should stay flat. Traffic: whole answers, streams read to th
 the client drops after a few tokens, requests past a 1 ms deadline (KServe V2 `timeout`) and
 invalid requests, from `--clients` concurrent clients. Prints a table, saves JSON and a PNG.
 
-    .venv/bin/python bench/soak.py                       # 20 minutes, the embedded default
-    .venv/bin/python bench/soak.py --minutes 2 --interval 10   # a smoke run
+    .venv/bin/python -m bench.soak                       # 20 minutes, the embedded default
+    .venv/bin/python -m bench.soak --minutes 2 --interval 10   # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
@@ -20,16 +19,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from tqdm import tqdm
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.launcher import ServerProcess  # noqa: E402
-from bench.prompts import QUESTIONS, prompt  # noqa: E402
+from bench import client
+from bench.launcher import ServerProcess, lmi_serve, thread_env
+from bench.prompts import QUESTIONS, prompt
+from bench.report import RESULTS, figure, format_table, progress, write_json
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,46 +38,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=psutil.cpu_count())
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
 
 # -- the traffic ------------------------------------------------------------------------------
 
 
-async def whole(http: httpx.AsyncClient, rng: random.Random) -> str:
+async def whole(http: aiohttp.ClientSession, rng: random.Random) -> str:
     body = {"inputs": prompt(rng.randrange(1000)),
             "parameters": {"max_new_tokens": rng.randint(8, 48)}}
-    return "whole" if (await http.post("/invocations", json=body)).status_code == 200 else "error"
+    async with http.post("/invocations", json=body) as response:
+        await response.read()
+        return "whole" if response.status == 200 else "error"
 
 
-async def stream(http: httpx.AsyncClient, rng: random.Random, drop_after: int | None) -> str:
+async def stream(http: aiohttp.ClientSession, rng: random.Random, drop_after: int | None
+                 ) -> str:
     body = {"messages": [{"role": "user", "content": rng.choice(QUESTIONS)}],
             "max_tokens": 48, "stream": True}
-    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+    async with http.post("/v1/chat/completions", json=body) as response:
         events = 0
-        async for _line in response.aiter_lines():
+        async for _line in response.content:
             events += 1
             if drop_after is not None and events >= drop_after:
-                return "dropped"  # leaving the block closes the connection mid-stream
-    return "streamed" if response.status_code == 200 else "error"
+                return "dropped"  # leaving the block unread closes the connection mid-stream
+    return "streamed" if response.status == 200 else "error"
 
 
-async def past_deadline(http: httpx.AsyncClient, rng: random.Random) -> str:
+async def past_deadline(http: aiohttp.ClientSession, rng: random.Random) -> str:
     body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
                         "data": [rng.choice(QUESTIONS)]}],
             "parameters": {"max_new_tokens": 64, "timeout": 1000}}  # microseconds
-    response = await http.post("/v2/models/smollm2-135m-instruct/infer", json=body)
-    return "timed out" if "deadline" in response.text else "error"
+    async with http.post(f"/v2/models/{client.MODEL}/infer", json=body) as response:
+        return "timed out" if "deadline" in await response.text() else "error"
 
 
-async def invalid(http: httpx.AsyncClient, rng: random.Random) -> str:
+async def invalid(http: aiohttp.ClientSession, rng: random.Random) -> str:
     body = {"inputs": "x", "parameters": {"max_new_tokens": -rng.randint(1, 9)}}
-    response = await http.post("/invocations", json=body)
-    return "refused" if 400 <= response.status_code < 500 else "error"
+    async with http.post("/invocations", json=body) as response:
+        await response.read()
+        return "refused" if 400 <= response.status < 500 else "error"
 
 
-async def one(http: httpx.AsyncClient, rng: random.Random) -> str:
+async def one(http: aiohttp.ClientSession, rng: random.Random) -> str:
     kind = rng.random()
     if kind < 0.35:
         return await whole(http, rng)
@@ -92,13 +94,14 @@ async def one(http: httpx.AsyncClient, rng: random.Random) -> str:
     return await invalid(http, rng)
 
 
-async def client(url: str, seed: int, until: float, outcomes: Counter) -> None:
+async def traffic(url: str, seed: int, until: float, outcomes: Counter) -> None:
+    """One client's requests, one after another, until `until` (time.monotonic())."""
     rng = random.Random(seed)
-    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+    async with client.session(url, timeout=300) as http:
         while time.monotonic() < until:
             try:
                 outcomes[await one(http, rng)] += 1
-            except httpx.HTTPError:
+            except (aiohttp.ClientError, asyncio.TimeoutError):
                 outcomes["transport error"] += 1
 
 
@@ -128,10 +131,10 @@ async def soak(url: str, server: psutil.Process, args: argparse.Namespace
     outcomes: Counter = Counter()
     started = time.monotonic()
     until = started + args.minutes * 60
-    clients = [asyncio.create_task(client(url, args.seed + i, until, outcomes))
+    clients = [asyncio.create_task(traffic(url, args.seed + i, until, outcomes))
                for i in range(args.clients)]
     samples = [sample(server, url, started, outcomes)]
-    with tqdm(total=round(args.minutes * 60), unit="s", file=sys.stderr) as bar:
+    with progress(round(args.minutes * 60), unit="s") as bar:
         while time.monotonic() < until:
             await asyncio.sleep(min(args.interval, max(until - time.monotonic(), 0)))
             samples.append(await asyncio.to_thread(sample, server, url, started, outcomes))
@@ -150,44 +153,33 @@ COLUMNS = ("minute", "rss_mb", "open_files", "threads", "slots_in_use", "running
 
 
 def table(samples: list[dict[str, Any]]) -> str:
-    rows = [COLUMNS, *[tuple(str(s[c]) for c in COLUMNS) for s in samples]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True))
-                     for row in rows)
+    return format_table(COLUMNS, [tuple(str(s[c]) for c in COLUMNS) for s in samples])
 
 
 def plot(samples: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     minutes = [s["minute"] for s in samples]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, label in zip(axes, ("rss_mb", "open_files", "slots_in_use"),
-                              ("RSS (MiB)", "open files", "KV slots in use (at the sample)"),
-                              strict=True):
-        ax.plot(minutes, [s[key] for s in samples], marker="o")
-        ax.set_xlabel("minute")
-        ax.set_title(label)
-        ax.set_ylim(bottom=0)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 3, (14, 4)) as axes:
+        for ax, key, label in zip(axes, ("rss_mb", "open_files", "slots_in_use"),
+                                  ("RSS (MiB)", "open files", "KV slots in use (at the sample)"),
+                                  strict=True):
+            ax.plot(minutes, [s[key] for s in samples], marker="o")
+            ax.set_xlabel("minute")
+            ax.set_title(label)
+            ax.set_ylim(bottom=0)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    with ServerProcess(args.out / "soak-server.log", args.max_batch, args.threads) as server:
+    command = lmi_serve([f"option.max_rolling_batch_size={args.max_batch}", "option.dtype=auto"])
+    with ServerProcess(command, args.out / "soak-server.log", thread_env(args.threads)) as server:
         server.wait_ready(600)
         samples, outcomes = asyncio.run(soak(server.url, psutil.Process(server.proc.pid), args))
     print(table(samples))
     print("outcomes:", dict(sorted(outcomes.items())))
-    args.out.mkdir(parents=True, exist_ok=True)
     doc = {"args": {k: str(v) for k, v in vars(args).items()}, "samples": samples,
            "outcomes": dict(outcomes), "cpu": _cpu()}
-    (args.out / f"soak-{stamp}.json").write_text(json.dumps(doc, indent=1))
+    write_json(doc, args.out / f"soak-{stamp}.json")
     plot(samples, args.out / f"soak-{stamp}.png")
     print(f"saved {args.out}/soak-{stamp}.json and .png")
     return 1 if outcomes["error"] or outcomes["transport error"] else 0

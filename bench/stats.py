@@ -81,3 +81,14 @@ def summarize(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]
         summary[f"{name}_p50_s"] = percentile(values, 50)
         summary[f"{name}_p99_s"] = percentile(values, 99)
     return summary
+
+
+def level(results: Sequence[RequestResult], **names: Any) -> dict[str, Any]:
+    """One level of a benchmark: what names it, then its summary over its wall time."""
+    return {**names, **summarize(results, wall_time(results))}
+
+
+def samples(results: Sequence[RequestResult]) -> list[dict[str, Any]]:
+    """Every request's own numbers."""
+    return [{"ttft_s": r.ttft, "tpot_s": r.tpot, "latency_s": r.latency, "tokens": r.tokens,
+             "expected_tokens": r.expected_tokens, "error": r.error} for r in results]

@@ -1,17 +1,18 @@
 """The serving benchmark's model-free parts: statistics, stream timing, workloads, the
-static-batching schedule, the client against a mock transport, and the report."""
+static-batching schedule, the client against a stand-in server, and the report."""
 
 from __future__ import annotations
 
-import httpx
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from bench import client
-from bench.report import format_table, paired, plot
+from bench.client import LmiTimer
+from bench.report import paired, serving_plot, serving_table
 from bench.serving import parse_args
 from bench.stats import RequestResult, percentile, summarize, wall_time
-from bench.stream import StreamTimer
 from bench.workloads import (
     Arrival,
     BatchTiming,
@@ -62,9 +63,9 @@ def test_summarize_counts_only_successful_tokens():
 # --- the jsonlines stream ------------------------------------------------------------------
 
 
-def feed(timer: StreamTimer, lines: list[tuple[float, str]]) -> RequestResult:
+def feed(timer: LmiTimer, lines: list[tuple[float, str]]) -> RequestResult:
     for now, line in lines:
-        timer.feed(line, now)
+        timer.feed(line.encode(), now)
     return timer.result(done=lines[-1][0])
 
 
@@ -76,14 +77,14 @@ def test_stream_timer_times_every_token_line():
         (0.8, '{"token": {"id": 3, "text": "", "log_prob": -0.3}, "generated_text": "Hi!",'
               ' "details": {"finish_reason": "length", "generated_tokens": 3}}'),
     ]
-    r = feed(StreamTimer(start=0.0, expected_tokens=3), lines)
+    r = feed(LmiTimer(start=0.0, expected_tokens=3), lines)
     assert (r.tokens, r.error) == (3, None)
     assert r.ttft == pytest.approx(0.4)
     assert r.tpot == pytest.approx(0.2)
 
 
 def test_stream_timer_accepts_sse_framing():
-    r = feed(StreamTimer(0.0, 1), [(0.3, 'data:{"token": {"id": 1, "text": "a"}}')])
+    r = feed(LmiTimer(0.0, 1), [(0.3, 'data:{"token": {"id": 1, "text": "a"}}')])
     assert (r.tokens, r.ttft) == (1, 0.3)
 
 
@@ -93,15 +94,15 @@ def test_stream_timer_records_the_error_line_instead_of_counting_it():
         "generated_text": "",
         "details": {"finish_reason": "error", "error": "engine died"},
     }).decode()
-    r = feed(StreamTimer(0.0, 5), [(0.1, '{"token": {"id": 1, "text": "a"}}'), (0.2, error_line)])
+    r = feed(LmiTimer(0.0, 5), [(0.1, '{"token": {"id": 1, "text": "a"}}'), (0.2, error_line)])
     assert r.tokens == 1
     assert r.error == "engine died"
     assert not r.ok
 
 
 def test_stream_timer_flags_garbage_and_empty_streams():
-    assert "bad stream line" in feed(StreamTimer(0.0, 1), [(0.1, "not json")]).error
-    assert StreamTimer(0.0, 1).result(done=1.0).error == "stream ended without a token"
+    assert "bad stream line" in feed(LmiTimer(0.0, 1), [(0.1, "not json")]).error
+    assert LmiTimer(0.0, 1).result(done=1.0).error == "stream ended without a token"
 
 
 # --- workloads -----------------------------------------------------------------------------
@@ -176,31 +177,39 @@ def test_static_batcher_groups_waiting_requests_and_pads_to_the_longest():
     assert all(r.ok and r.tokens == r.expected_tokens for r in results)
 
 
-# --- the client, against a mock server -----------------------------------------------------
+# --- the client, against a stand-in server ------------------------------------------------
+
+
+async def answered(respond: web.Response | None = None) -> tuple[dict, RequestResult]:
+    """One LMI request through the client to a server that records it and answers `respond`
+    (four token lines when None)."""
+    sent = {}
+
+    async def handler(request: web.Request) -> web.Response:
+        sent.update(await request.json(), path=request.path)
+        if respond is not None:
+            return respond
+        lines = [{"token": {"id": i, "text": "x", "log_prob": 0.0}} for i in range(4)]
+        body = b"\n".join(orjson.dumps(line) for line in lines) + b"\n"
+        return web.Response(body=body, content_type="application/jsonlines")
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", handler)
+    async with TestServer(app) as server, client.session() as http:
+        url = str(server.make_url("")).rstrip("/")
+        return sent, await client.stream_request(http, url, client.LMI, "Hello", 4)
 
 
 async def test_stream_request_sends_an_lmi_streaming_body_and_times_the_tokens():
-    sent = {}
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        sent.update(orjson.loads(request.content), path=request.url.path)
-        lines = [{"token": {"id": i, "text": "x", "log_prob": 0.0}} for i in range(4)]
-        body = b"\n".join(orjson.dumps(line) for line in lines) + b"\n"
-        return httpx.Response(200, content=body, headers={"content-type": "application/jsonlines"})
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        r = await client.stream_request(http, "http://server", "Hello", 4)
+    sent, r = await answered()
     assert sent == {"path": "/invocations", **client.lmi_body("Hello", 4)}
     assert sent["parameters"] == {"max_new_tokens": 4, "ignore_eos_token": True}
     assert (r.tokens, r.expected_tokens, r.error) == (4, 4, None)
 
 
 async def test_stream_request_reports_an_http_error():
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(424, json={"error": "max_new_tokens too large", "code": 424})
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        r = await client.stream_request(http, "http://server", "Hello", 4)
+    error = web.json_response({"error": "max_new_tokens too large", "code": 424}, status=424)
+    _sent, r = await answered(error)
     assert not r.ok
     assert r.error.startswith("HTTP 424") and "max_new_tokens" in r.error
 
@@ -226,11 +235,11 @@ def test_table_pairs_server_with_generate_and_shows_the_ratio(tmp_path):
     levels = [level("server", "C=8", 300.0), level("generate", "C=8", 100.0),
               level("server", "C=16", 50.0)]
     assert [(p.label, p.ratio) for p in paired(levels)] == [("C=8", 3.0), ("C=16", None)]
-    table = format_table(levels)
+    table = serving_table(levels)
     assert "3.00x" in table and "250" in table  # TTFT p99 in ms
     assert len(table.splitlines()) == 2 + 3 + 1
 
-    plot(levels, tmp_path / "plot.png")
+    serving_plot(levels, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -1,20 +1,22 @@
-"""The peer benchmark's parts that need no peer: its OpenAI load against our own server (over
-the fake engine), and its table's ratios."""
+"""The peer benchmark's parts that need no peer: the client's load (OpenAI and LMI routes) against
+our own server (over the fake engine), and the report's ratios."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from fakes import FakeEngine, served_app
 from server_process import serving
 
-from bench import openai_load
-from bench.peer_report import format_table, rows
+from bench import client
+from bench.report import peer_rows, peer_table
 
 
-def test_a_streamed_completion_counts_its_tokens_and_times_them():
-    with serving(served_app(FakeEngine(), model_name=openai_load.MODEL)) as url:
-        result = asyncio.run(openai_load.streams(url, [["Hello"], ["Hi"]], 5, lambda _n: None))
+@pytest.mark.parametrize("route", [client.OPENAI, client.LMI], ids=["openai", "lmi"])
+def test_a_streamed_completion_counts_its_tokens_and_times_them(route: client.Route):
+    with serving(served_app(FakeEngine(), model_name=client.MODEL)) as url:
+        result = asyncio.run(client.closed_loop(url, route, 2, 1, 5, lambda _n: None))
     assert [(r.error, r.tokens, r.expected_tokens) for r in result] == [(None, 5, 5)] * 2
     assert all(r.ttft is not None and r.tpot is not None for r in result)
 
@@ -37,18 +39,18 @@ def test_ratios_are_against_each_peers_reference_at_the_same_level():
                level("torch", "1", 65), level("torch", "16", 600),
                level("llamacpp-direct", "1", 90), level("llamacpp", "16", 180)],
               {"vllm": "no .venv-vllm"})
-    ratios = {(row[0], row[2]): row[5] for row in rows(doc)}
+    ratios = {(row[0], row[2]): row[5] for row in peer_rows(doc)}
     assert ratios[("torch", "1")] == "1.30x" and ratios[("torch", "16")] == "1.50x"
     # llama.cpp serves one request at a time: its one-stream rate is the reference everywhere.
     assert ratios[("llamacpp", "16")] == "2.00x" and ratios[("vllm-server", "1")] == "-"
-    assert "skipped vllm: no .venv-vllm" in format_table(doc)
+    assert "skipped vllm: no .venv-vllm" in peer_table(doc)
 
 
 def test_rounds_are_reported_by_their_median():
     doc = run([level("vllm-server", "1", 50), level("vllm", "1", 40),
                level("vllm-server", "1", 60), level("vllm", "1", 58),
                level("vllm-server", "1", 100), level("vllm", "1", 57)])
-    table = {row[0]: row for row in rows(doc)}
+    table = {row[0]: row for row in peer_rows(doc)}
     assert table["vllm-server"][3:6] == ("3", "60.0", "-")
     assert table["vllm"][3:6] == ("3", "57.0", "0.95x")
 
