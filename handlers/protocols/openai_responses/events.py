@@ -22,15 +22,13 @@ class ResponsesEvents(Renderer):
         self._started = False
 
     def feed(self, pairs: list[Pair]) -> list[Event]:
-        events = []
+        events = [] if self._started else self._stream.start()  # numbered first
+        self._started = True
         for _, output in pairs:
             raise_failure(output)
             for seq in output.outputs:
                 events += self._stream.feed(seq.tokens, seq.finish_reason,
                                             output.prompt_token_count, seq.generated_tokens)
-        if not self._started:
-            self._started = True
-            events = self._stream.start() + events
         return [Event(event) for event in events]
 
     def failed(self, error: GenerationError) -> list[Event]:
