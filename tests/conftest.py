@@ -1,6 +1,6 @@
 """Servers and engines built in tests decode eagerly unless a test asks for the compiled step:
-compiling it takes minutes (tests/test_decode_graphs.py compiles the tiny model's and checks it
-against the eager step)."""
+compiling it takes minutes (tests/engines/test_decode_graphs.py compiles the tiny model's and
+checks it against the eager step)."""
 
 import os
 

@@ -24,7 +24,7 @@ from jsonschema import Draft202012Validator
 from handlers.config import Config, check_effects, load_config, parse_args
 from handlers.engine import registry
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "kserve"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kserve"
 RUNTIME_FILE = EXAMPLES / "cluster-serving-runtime.yaml"
 SERVICE_FILE = EXAMPLES / "inference-service.yaml"
 RUNTIME_KIND = ("serving.kserve.io/v1alpha1", "ClusterServingRuntime")

@@ -23,7 +23,7 @@ import requests
 import tritonclient.grpc as triton_grpc
 from server_process import _wait_ready, free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SERVE = REPO / "container" / "serve"
 # Configuration a CI host's environment must not leak into the container under test.
 FOREIGN_ENV = ("OPTION_", "SERVING_", "SAGEMAKER_", "HF_MODEL_", "SM_")

@@ -10,7 +10,7 @@ the engine here prefills at most 48 tokens per step, and the requests' greedy to
 (cells of the shared KV pool reused out of order) texts do drift, unlike the torch engine's.
 
 Runs where llama-cpp-python is installed (`LMI_VENV=.venv-llamacpp LMI_EXTRAS=llamacpp ./dev
-test tests/test_llamacpp_engine.py`); skipped elsewhere.
+test tests/engines/test_llamacpp_engine.py`); skipped elsewhere.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import tomllib
 from dockerfile_parse import DockerfileParser
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FLAVORS = ("cpu", "gpu")
 SHELL_OPERATORS = {"&&", "||", ";", "|"}
 

@@ -20,7 +20,7 @@ import pytest
 from moto import mock_aws
 from server_process import running_server
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))  # the examples import each other as sibling scripts do
 from boto3_invoke import LineIterator, json_lines  # noqa: E402
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 sys.path.insert(0, str(GOLDEN))
 
 from cases import GOLDEN_FILE, GROUPS, record_all  # noqa: E402

