@@ -10,18 +10,11 @@ from pathlib import Path
 
 import httpx
 import orjson
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import server_process
-from tiny_model import make_tiny_model_dir
 
 FAULT_SERVER = ("tests/fault_server.py",)
 LONG = {"max_new_tokens": 300, "min_new_tokens": 300, "details": True}  # runs past the fault
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 @contextlib.contextmanager

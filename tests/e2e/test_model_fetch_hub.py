@@ -18,7 +18,6 @@ import pytest
 from hub_standin import FakeRepo, HubStandIn, point_hub_client_at, serving_hub, use_hub_cache
 from huggingface_hub import constants
 from server_process import free_port, running_server
-from tiny_model import make_tiny_model_dir
 
 from handlers.config import ConfigError, check_effects, load_config, parse_args
 from handlers.model_source import ModelSourceError, model_files_in, resolve_model_source
@@ -27,13 +26,8 @@ REPO = "org/tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def standin(tiny) -> Iterator[HubStandIn]:
-    with serving_hub(FakeRepo(REPO, tiny)) as hub:
+def standin(tiny_dir) -> Iterator[HubStandIn]:
+    with serving_hub(FakeRepo(REPO, tiny_dir)) as hub:
         yield hub
 
 
@@ -50,25 +44,26 @@ def unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
     point_hub_client_at(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nobody there
 
 
-def test_a_hub_id_is_downloaded_into_the_hf_cache(hub, tiny, tmp_path, caplog):
+def test_a_hub_id_is_downloaded_into_the_hf_cache(hub, tiny_dir, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="handlers.model_fetch"):
         source = resolve_model_source(REPO, tmp_path)
     snapshots = tmp_path / "hf" / "hub" / "models--org--tiny-llama" / "snapshots"
     assert source == snapshots.resolve() / hub.repos[REPO].sha
     assert model_files_in(source) == source
-    files = sorted(p.name for p in tiny.iterdir())
+    files = sorted(p.name for p in tiny_dir.iterdir())
     assert sorted(p.name for p in source.iterdir()) == files
     assert sorted(hub.downloads) == [f"{REPO}/{name}" for name in files]
-    assert (source / "model.safetensors").read_bytes() == (tiny / "model.safetensors").read_bytes()
+    assert ((source / "model.safetensors").read_bytes()
+            == (tiny_dir / "model.safetensors").read_bytes())
     assert f"fetching {REPO}: 1 of {len(files)} files" in caplog.text
     assert f"fetching {REPO}: {len(files)} of {len(files)} files" in caplog.text
 
 
-def test_the_progress_lines_count_files(hub, tiny, tmp_path, caplog):
+def test_the_progress_lines_count_files(hub, tiny_dir, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="handlers.model_fetch"):
         resolve_model_source(REPO, tmp_path)
     totals = set(re.findall(rf"fetching {REPO}: \d+ of (\S+) files", caplog.text))
-    assert totals == {str(len(list(tiny.iterdir())))}
+    assert totals == {str(len(list(tiny_dir.iterdir())))}
 
 
 def test_a_second_start_downloads_nothing_again(hub, tmp_path):
@@ -126,10 +121,10 @@ def check_revision_with(model_id: str, model_dir: Path) -> None:
     check_effects(load_config(args, env={}))
 
 
-def test_option_revision_is_accepted_for_a_hub_id_only(tiny, tmp_path):
+def test_option_revision_is_accepted_for_a_hub_id_only(tiny_dir, tmp_path):
     check_revision_with(REPO, tmp_path)
     with pytest.raises(ConfigError, match="option.revision"):
-        check_revision_with(str(tiny), tmp_path)
+        check_revision_with(str(tiny_dir), tmp_path)
 
 
 @pytest.mark.e2e

@@ -16,7 +16,6 @@ import httpx
 import pytest
 from moto.server import ThreadedMotoServer
 from server_process import free_port, running_server
-from tiny_model import make_tiny_model_dir
 
 from handlers.model_fetch import MANIFEST, FetchError, fetch_s3
 from handlers.model_source import ModelSourceError, model_files_in, resolve_model_source
@@ -25,12 +24,7 @@ URI = "s3://models/tiny-model"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def s3_env(tiny) -> Iterator[dict[str, str]]:
+def s3_env(tiny_dir) -> Iterator[dict[str, str]]:
     """A moto S3 server holding the tiny model under s3://models/tiny-model/."""
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
@@ -40,7 +34,7 @@ def s3_env(tiny) -> Iterator[dict[str, str]]:
     client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
                           aws_access_key_id="x", aws_secret_access_key="x")
     client.create_bucket(Bucket="models")
-    for path in sorted(tiny.iterdir()):
+    for path in sorted(tiny_dir.iterdir()):
         client.upload_file(str(path), "models", f"tiny-model/{path.name}")
     try:
         yield env
@@ -57,17 +51,18 @@ def aws(s3_env, monkeypatch, tmp_path) -> Path:
     return tmp_path / "cache"
 
 
-def test_the_objects_become_a_loadable_model_directory(aws, tiny, caplog):
+def test_the_objects_become_a_loadable_model_directory(aws, tiny_dir, caplog):
     with caplog.at_level(logging.INFO, logger="handlers.model_fetch"):
-        source = resolve_model_source(URI, tiny.parent)
+        source = resolve_model_source(URI, tiny_dir.parent)
     assert source == aws / "s3" / "models" / "tiny-model" and model_files_in(source) == source
-    files = sorted(p.name for p in tiny.iterdir())
+    files = sorted(p.name for p in tiny_dir.iterdir())
     assert sorted(p.name for p in source.iterdir() if p.name != MANIFEST) == files
-    assert (source / "model.safetensors").read_bytes() == (tiny / "model.safetensors").read_bytes()
+    assert ((source / "model.safetensors").read_bytes()
+            == (tiny_dir / "model.safetensors").read_bytes())
     assert f"fetching {URI}: {len(files)} of {len(files)} files" in caplog.text
 
 
-def test_an_unchanged_copy_is_reused_and_a_changed_one_fetched_again(aws, s3_env, tiny, caplog):
+def test_an_unchanged_copy_is_reused_and_a_changed_one_fetched_again(aws, s3_env, tiny_dir, caplog):
     first = fetch_s3(URI)
     with caplog.at_level(logging.INFO, logger="handlers.model_fetch"):
         assert fetch_s3(URI) == first

@@ -11,23 +11,15 @@ from urllib.parse import urlsplit
 
 import httpx
 import psutil
-import pytest
 from server_process import serving
-from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch.engine import TorchEngine
-from handlers.engine.torch.loader import load_model
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
 
 REQUESTS = 1000
 CONCURRENCY = 16
 LONG = {"max_new_tokens": 400, "min_new_tokens": 400}
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("tiny")), dtype="fp32")
 
 
 async def complete(http: httpx.AsyncClient) -> str:

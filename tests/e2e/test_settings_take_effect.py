@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 from server_process import free_port
-from tiny_model import make_tiny_model_dir
 
 from handlers import cli
 from handlers.config import check_effects, load_config, parse_args
@@ -161,11 +160,6 @@ def test_sagemaker_gpu_counts_of_one_device_or_none_are_accepted(tmp_path, monke
 
 PLAIN = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
 HELLO = [{"role": "user", "content": "Hello there"}]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 def built_engine(model_dir: Path, *options: str):

@@ -6,16 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 from server_process import server_process
-from tiny_model import make_tiny_model_dir
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.mark.parametrize("burst", [1, 300])

@@ -19,7 +19,6 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import running_server
-from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.graph_constants import SUFFIX
@@ -29,11 +28,6 @@ from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
 pytestmark = pytest.mark.slow
 SLOTS = 32  # the servers' default option.max_rolling_batch_size: the server test reuses them
 COMPILE_WAIT_S = 1800  # a hang guard only: compiling is minutes on two cores
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,13 @@ QUERY = "Represent this sentence for searching relevant passages: "
 
 
 @pytest.fixture(scope="module")
-def loaded() -> EmbeddingModel:
+def embedder() -> EmbeddingModel:
     return load_embedding_model(None, device="cpu")
 
 
 @pytest.fixture
-def engine(loaded: EmbeddingModel) -> Iterator[EmbeddingEngine]:
-    engine = EmbeddingEngine(loaded)
+def engine(embedder: EmbeddingModel) -> Iterator[EmbeddingEngine]:
+    engine = EmbeddingEngine(embedder)
     engine.start()
     yield engine
     engine.stop()
@@ -153,12 +153,12 @@ async def test_malformed_requests_name_the_field(
 
 
 async def test_concurrent_calls_share_one_forward_pass_and_get_their_own_vectors(
-    loaded: EmbeddingModel, reference: tuple[AutoModel, AutoTokenizer]
+    embedder: EmbeddingModel, reference: tuple[AutoModel, AutoTokenizer]
 ) -> None:
     requests = [["one"], ["two", "three"], ["four"], ["five", "six", "seven"], ["eight"]]
     # The delay is out of reach: the batch closes because its 8 inputs filled it, however slow
     # the machine is to queue them.
-    engine = EmbeddingEngine(loaded, max_batch_size=8, max_batch_delay=600.0)
+    engine = EmbeddingEngine(embedder, max_batch_size=8, max_batch_delay=600.0)
     engine.start()
     try:
         results = await asyncio.gather(*(engine.embed(texts) for texts in requests))
@@ -171,8 +171,8 @@ async def test_concurrent_calls_share_one_forward_pass_and_get_their_own_vectors
         assert result.prompt_tokens == 3 * len(texts)  # each word is one token
 
 
-async def test_batches_hold_at_most_max_batch_size_inputs(loaded: EmbeddingModel) -> None:
-    engine = EmbeddingEngine(loaded, max_batch_size=4, max_batch_delay=0.2)
+async def test_batches_hold_at_most_max_batch_size_inputs(embedder: EmbeddingModel) -> None:
+    engine = EmbeddingEngine(embedder, max_batch_size=4, max_batch_delay=0.2)
     engine.start()
     try:
         big = await engine.embed([f"sentence {i}" for i in range(10)])
@@ -185,8 +185,10 @@ async def test_batches_hold_at_most_max_batch_size_inputs(loaded: EmbeddingModel
     assert len(first.vectors) == 3 and close(second.vectors[0], second.vectors[2])
 
 
-async def test_a_bad_request_does_not_fail_the_others_in_its_batch(loaded: EmbeddingModel) -> None:
-    engine = EmbeddingEngine(loaded, max_batch_size=3, max_batch_delay=600.0)  # closes when full
+async def test_a_bad_request_does_not_fail_the_others_in_its_batch(
+    embedder: EmbeddingModel
+) -> None:
+    engine = EmbeddingEngine(embedder, max_batch_size=3, max_batch_delay=600.0)  # closes when full
     engine.start()
     try:
         good, bad, other = await asyncio.gather(
@@ -203,17 +205,17 @@ async def test_a_bad_request_does_not_fail_the_others_in_its_batch(loaded: Embed
 
 
 async def test_a_failing_forward_pass_fails_only_the_request_that_breaks_it(
-    loaded: EmbeddingModel, monkeypatch: pytest.MonkeyPatch
+    embedder: EmbeddingModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_encode = loaded.model.encode
+    real_encode = embedder.model.encode
 
     def encode(texts: list[str], **kwargs: object) -> object:
         if "boom" in texts:
             raise ValueError("cannot embed boom")
         return real_encode(texts, **kwargs)
 
-    monkeypatch.setattr(loaded.model, "encode", encode)
-    engine = EmbeddingEngine(loaded, max_batch_size=3, max_batch_delay=1.0)
+    monkeypatch.setattr(embedder.model, "encode", encode)
+    engine = EmbeddingEngine(embedder, max_batch_size=3, max_batch_delay=1.0)
     engine.start()
     try:
         good, bad, other = await asyncio.gather(
@@ -226,8 +228,8 @@ async def test_a_failing_forward_pass_fails_only_the_request_that_breaks_it(
     assert len(good.vectors) == 1 and len(other.vectors) == 1
 
 
-async def test_stop_answers_queued_requests_then_refuses_new_ones(loaded: EmbeddingModel) -> None:
-    engine = EmbeddingEngine(loaded, max_batch_delay=0.2)
+async def test_stop_answers_queued_requests_then_refuses_new_ones(embedder: EmbeddingModel) -> None:
+    engine = EmbeddingEngine(embedder, max_batch_delay=0.2)
     engine.start()
     assert engine.health()
     pending = asyncio.ensure_future(engine.embed(["queued before stop"]))

@@ -24,11 +24,6 @@ PROMPT = "The capital of France is Paris, and the capital of Italy is"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi! 你好"}]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-
-
 def _untied(tmp_path: Path) -> Path:
     """The tiny model's tokenizer with an untied head, one KV head and another rope theta."""
     directory = make_tiny_model_dir(tmp_path)

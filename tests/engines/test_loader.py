@@ -40,11 +40,6 @@ def gguf_file(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("models") / "tiny-llama")
-
-
 # --- where the model comes from -----------------------------------------------------------------
 
 

@@ -15,10 +15,8 @@ import re
 import jsonschema
 import pytest
 import torch
-from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch.engine import TorchEngine
-from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.structured import Grammars, mask_logits
 from handlers.engine.types import (
     FinishReason,
@@ -62,11 +60,6 @@ def tool_calls_schema(functions: dict[str, dict]) -> dict:
 
 def json_schema(schema: dict) -> StructuredOutput:
     return StructuredOutput("json_schema", json.dumps(schema))
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("tiny")), dtype="fp32")
 
 
 @pytest.fixture(scope="module")

@@ -35,11 +35,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    return load_model(make_tiny_model_dir(tmp_path_factory.mktemp("tiny")), dtype="fp32")
-
-
 @pytest.fixture
 async def engine(loaded, request):
     options = getattr(request, "param", {})

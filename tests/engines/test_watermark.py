@@ -4,13 +4,12 @@ its token ids alone; text generated without it is not."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
-from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch.engine import TorchEngine
-from handlers.engine.torch.loader import load_model
+from handlers.engine.torch.loader import LoadedModel
 from handlers.engine.torch.watermark import GAMMA, greenlist, z_score
 from handlers.engine.types import GenerationRequest, SamplingParams
 
@@ -18,9 +17,8 @@ TOKENS = 200
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory):
-    tiny: Path = make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
-    engine = TorchEngine(load_model(tiny, dtype="fp32"), max_batch_size=4)
+def engine(loaded: LoadedModel) -> Iterator[TorchEngine]:
+    engine = TorchEngine(loaded, max_batch_size=4)
     asyncio.run(engine.start())
     yield engine
     asyncio.run(engine.shutdown())

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -196,12 +195,6 @@ def test_the_torch_engine_refuses_a_request_naming_an_adapter(tmp_path):
 @pytest.fixture(scope="module")
 def engine() -> FakeEngine:
     return FakeEngine(adapters=("sql", "poem"))
-
-
-@pytest.fixture(scope="module")
-def url(engine) -> Iterator[str]:
-    with serving(served_app(engine)) as served_url:
-        yield served_url
 
 
 def adapter_of(engine: FakeEngine) -> str | None:

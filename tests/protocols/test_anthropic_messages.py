@@ -28,7 +28,6 @@ from handlers.protocols.anthropic.render import MessageContext, MessageStream
 from handlers.protocols.openai.chat_render import ChatOptions
 
 pytestmark = pytest.mark.e2e
-pytest_plugins = ["served_models"]
 
 MODEL = "smollm2-135m-instruct"
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]

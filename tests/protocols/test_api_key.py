@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -39,12 +38,6 @@ def grpc_port() -> int:
 def app(grpc_port):
     return served_app(FakeEngine(), FakeEmbeddingEngine(), api_key=KEY, grpc_host="127.0.0.1",
                       grpc_port=grpc_port)
-
-
-@pytest.fixture(scope="module")
-def url(app) -> Iterator[str]:
-    with serving(app) as served:
-        yield served
 
 
 def chat(url: str, key: str) -> str:

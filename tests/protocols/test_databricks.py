@@ -12,7 +12,6 @@ import requests
 from server_process import running_server
 
 pytestmark = pytest.mark.e2e
-pytest_plugins = ["served_models"]
 
 LLM = "smollm2-135m-instruct"
 EMBEDDER = "all-minilm-l6-v2"

@@ -25,7 +25,6 @@ from djl_python.inputs import Input  # noqa: E402
 from djl_python.test_model import TestHandler as DjlTestHandler  # noqa: E402
 from djl_python.test_model import decode_encoded_output_binary  # noqa: E402
 from djl_reference import ReferenceHandler  # noqa: E402
-from tiny_model import make_tiny_model_dir  # noqa: E402
 
 import handlers.djl as entry  # noqa: E402
 from handlers.config import ConfigError  # noqa: E402
@@ -35,11 +34,6 @@ from handlers.model_source import ModelSourceError  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Deep learning is", "Once upon a time, in a land far away"]
 BATCH = 4  # option.max_rolling_batch_size of the entry, and the reference's engine
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 def model_dir(root: Path, tiny_dir: Path, **options: str) -> str:

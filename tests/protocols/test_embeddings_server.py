@@ -14,7 +14,6 @@ from transformers import AutoTokenizer
 from handlers.model_source import default_embedding_model_path
 
 pytestmark = pytest.mark.e2e
-pytest_plugins = ["served_models"]
 
 LLM = "smollm2-135m-instruct"
 EMBEDDER = "all-minilm-l6-v2"

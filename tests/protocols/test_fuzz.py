@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from server_process import free_port, serving
+from server_process import free_port
 from tritonclient.grpc import service_pb2 as pb
 
 from handlers.engine.types import GenerationRequest, RequestValidationError
@@ -71,11 +71,9 @@ def grpc_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def url(grpc_port) -> Iterator[str]:
-    app = served_app(BoundedEngine(), FakeEmbeddingEngine(), max_request_size=1024 * 1024,
-                     grpc_host="127.0.0.1", grpc_port=grpc_port)
-    with serving(app) as base:
-        yield base
+def app(grpc_port) -> Any:
+    return served_app(BoundedEngine(), FakeEmbeddingEngine(), max_request_size=1024 * 1024,
+                      grpc_host="127.0.0.1", grpc_port=grpc_port)
 
 
 def answers_normally(url: str) -> None:

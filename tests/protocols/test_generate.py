@@ -5,14 +5,12 @@ tiny model and one batch slot."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 from fakes import FakeEngine, served_app
 from server_process import serving
-from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
@@ -168,11 +166,6 @@ async def test_a_failure_mid_stream_ends_with_an_error_event():
 
 
 # --- priority on the torch engine -----------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 async def test_priority_reorders_a_saturated_queue(tiny_dir):

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import tritonclient.grpc as triton
 from fakes import FakeEmbeddingEngine, FakeEngine, served_app
-from server_process import free_port, serving
+from server_process import free_port
 from starlette.requests import Request
 from tritonclient.utils import InferenceServerException
 
@@ -80,12 +80,6 @@ def grpc_port() -> int:
 def app(grpc_port):
     return served_app(FakeEngine(), FakeEmbeddingEngine(), max_request_size=LIMIT,
                       grpc_host="127.0.0.1", grpc_port=grpc_port)
-
-
-@pytest.fixture(scope="module")
-def url(app) -> Iterator[str]:
-    with serving(app) as served:
-        yield served
 
 
 @pytest.fixture

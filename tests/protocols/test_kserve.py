@@ -5,7 +5,7 @@ words) and on the real SmolLM2."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -15,19 +15,12 @@ from fakes import FakeEmbeddingEngine, FakeEngine, served_app
 from server_process import serving
 from tritonclient.utils import InferenceServerException
 
-pytest_plugins = ["served_models"]
 MODEL = "fake-model"
 
 
 @pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine()
-
-
-@pytest.fixture(scope="module")
-def url(engine) -> Iterator[str]:
-    with serving(served_app(engine, FakeEmbeddingEngine())) as served_url:
-        yield served_url
+def app(engine: FakeEngine) -> Any:
+    return served_app(engine, FakeEmbeddingEngine())
 
 
 @pytest.fixture(scope="module")

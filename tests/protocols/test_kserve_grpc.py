@@ -15,13 +15,7 @@ from server_process import free_port, serving
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-pytest_plugins = ["served_models"]
 MODEL = "fake-model"
-
-
-@pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine()
 
 
 @pytest.fixture(scope="module")

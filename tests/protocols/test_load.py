@@ -16,8 +16,6 @@ from botocore.eventstream import EventStreamBuffer
 from fakes import FakeEngine, served_app
 from server_process import running_server, serving
 
-pytest_plugins = ["served_models"]
-
 STREAMS = 500
 TOKENS = 12
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -17,7 +16,6 @@ import tritonclient.grpc as triton
 from fakes import FakeEngine, served_app
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import free_port, serving
-from tiny_model import make_tiny_model_dir
 from tritonclient.utils import InferenceServerException
 
 from handlers.config import load_config, parse_args
@@ -49,6 +47,7 @@ def requests_counted(samples: Samples) -> dict[tuple[str, str, str], float]:
 
 @pytest.fixture
 def engine() -> FakeEngine:
+    """A fresh one per test, as its server: every counter starts at zero."""
     return FakeEngine()
 
 
@@ -240,11 +239,6 @@ def test_grpc_calls_are_counted_by_method_and_status_code(engine):
 
 
 # --- the real torch engine -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
 
 
 async def test_token_counters_equal_the_usage_the_responses_report_on_the_torch_engine(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import jsonschema
@@ -19,14 +18,11 @@ import pytest
 from fakes import FakeEngine, served_app
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from server_process import serving, serving_here
 
 from handlers.protocols.openai.errors import OpenAIError
 from handlers.protocols.openai_responses import ResponseStore, Stored
 from handlers.protocols.openai_responses.items import chat_messages
 from handlers.protocols.openai_responses.prepare import ITEMS
-
-pytest_plugins = ["served_models"]
 
 MODEL = "smollm2-135m-instruct"
 CAPITAL = "What is the capital of France?"
@@ -249,12 +245,6 @@ def test_bad_requests_raise_bad_request_naming_the_field(client, fields, param):
 # -- without a model ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def fake_url() -> Iterator[str]:
-    with serving(served_app(FakeEngine())) as url:
-        yield url
-
-
 def sse(text: str) -> list[tuple[str, dict]]:
     """(event name, data) of each server-sent event."""
     events = []
@@ -264,10 +254,10 @@ def sse(text: str) -> list[tuple[str, dict]]:
     return events
 
 
-def test_stream_events_are_named_numbered_and_of_the_sdks_types(fake_url):
+def test_stream_events_are_named_numbered_and_of_the_sdks_types(url):
     body = {"input": "a b c", "max_output_tokens": 4, "stream": True,
             "include": ["message.output_text.logprobs"], "top_logprobs": 2}
-    reply = httpx.post(f"{fake_url}/v1/responses", json=body, timeout=30)
+    reply = httpx.post(f"{url}/v1/responses", json=body, timeout=30)
     assert reply.headers["content-type"].startswith("text/event-stream")
     events = sse(reply.text)
     assert all(name == data["type"] for name, data in events)
@@ -283,17 +273,17 @@ def test_stream_events_are_named_numbered_and_of_the_sdks_types(fake_url):
     assert all(len(lp.top_logprobs) == 2 for lp in logprobs)
 
 
-def test_a_failure_mid_stream_is_a_response_failed_event(fake_url):
+def test_a_failure_mid_stream_is_a_response_failed_event(url):
     body = {"input": "a b [[error:2]]", "max_output_tokens": 8, "stream": True}
-    events = sse(httpx.post(f"{fake_url}/v1/responses", json=body, timeout=30).text)
+    events = sse(httpx.post(f"{url}/v1/responses", json=body, timeout=30).text)
     name, data = events[-1]
     assert name == "response.failed" and data["response"]["status"] == "failed"
     assert data["response"]["error"]["message"].startswith("generation failed")
     Response.model_validate(data["response"])
 
 
-def test_unknown_ids_are_404_in_openais_shape(fake_url):
-    sdk = openai.OpenAI(base_url=f"{fake_url}/v1", api_key="x", max_retries=0)
+def test_unknown_ids_are_404_in_openais_shape(url):
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError) as info:
         sdk.responses.retrieve("resp_missing")
     assert info.value.body["type"] == "invalid_request_error"
@@ -301,9 +291,9 @@ def test_unknown_ids_are_404_in_openais_shape(fake_url):
         sdk.responses.delete("resp_missing")
 
 
-def test_sent_back_items_continue_without_a_store(fake_url):
+def test_sent_back_items_continue_without_a_store(url):
     """A client that keeps its own history sends earlier output items back as input."""
-    sdk = openai.OpenAI(base_url=f"{fake_url}/v1", api_key="x", max_retries=0)
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     first = sdk.responses.create(model="fake-model", input="a b", max_output_tokens=2,
                                  store=False)
     items = [{"role": "user", "content": "a b"}, *[i.to_dict() for i in first.output],
@@ -326,13 +316,6 @@ async def test_admission_limits_and_hang_ups_apply_as_on_the_chat_route():
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["error"]["message"].startswith("the server is at its limit")
     assert len(engine.requests) == 1  # the refused request never reached the engine
-
-
-@pytest.fixture
-async def live_fake() -> AsyncIterator[tuple[FakeEngine, str]]:
-    engine = FakeEngine(token_delay=0.01)
-    async with serving_here(served_app(engine)) as url:
-        yield engine, url
 
 
 async def test_hanging_up_a_stream_aborts_the_request(live_fake):

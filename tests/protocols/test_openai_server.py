@@ -4,15 +4,13 @@ against the FakeEngine for client disconnects."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 import requests
-from fakes import FakeEngine, served_app
 from served_models import float32_where_torch_serves
-from server_process import running_server, serving_here
+from server_process import running_server
 
 pytestmark = pytest.mark.e2e
 
@@ -183,15 +181,8 @@ def test_invocations_routes_by_body(url):
 
 # -- disconnects, with the FakeEngine behind a real socket ----------------------------------------
 
-@pytest.fixture
-async def fake_url() -> AsyncIterator[tuple[FakeEngine, str]]:
-    engine = FakeEngine(token_delay=0.01)
-    async with serving_here(served_app(engine)) as url:
-        yield engine, url
-
-
-async def test_hanging_up_a_stream_aborts_every_prompt(fake_url):
-    engine, base = fake_url
+async def test_hanging_up_a_stream_aborts_every_prompt(live_fake):
+    engine, base = live_fake
     body = {"prompt": ["a b", "c d"], "max_tokens": 50, "stream": True}
     async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
         stream = await client.completions.create(model="fake-model", **body)
@@ -204,8 +195,8 @@ async def test_hanging_up_a_stream_aborts_every_prompt(fake_url):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_hanging_up_before_the_answer_aborts(fake_url, stream):
-    engine, base = fake_url
+async def test_hanging_up_before_the_answer_aborts(live_fake, stream):
+    engine, base = live_fake
     content = "a b [[stall:0]]"  # the engine yields nothing: only the hang-up can end it
     async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
         pending = asyncio.create_task(client.chat.completions.create(

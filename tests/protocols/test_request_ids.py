@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from typing import Any
 
-import httpx
 import pytest
 from fakes import FakeEmbeddingEngine, FakeEngine, served_app
 
@@ -22,15 +21,13 @@ INFER = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "d
 
 @pytest.fixture
 def engine() -> FakeEngine:
+    """A fresh one per test, as its app: what a test's requests logged is theirs alone."""
     return FakeEngine()
 
 
 @pytest.fixture
-async def client(engine) -> AsyncIterator[httpx.AsyncClient]:
-    app = served_app(engine, FakeEmbeddingEngine())
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                 base_url="http://ids") as session:
-        yield session
+def app(engine: FakeEngine) -> Any:
+    return served_app(engine, FakeEmbeddingEngine())
 
 
 CASES = [

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import boto3
 import httpx
@@ -60,12 +59,6 @@ def test_non_ascii_headers_and_large_payload_round_trip():
 
 
 # --- boto3 against the server ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    with serving(served_app(FakeEngine())) as served_url:
-        yield served_url
 
 
 @pytest.fixture(scope="module")

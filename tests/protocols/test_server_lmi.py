@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import orjson
@@ -19,18 +20,18 @@ MODEL = "fake-model"
 
 @pytest.fixture
 def engine() -> FakeEngine:
+    """A fresh one per test, as its app: tests script it and count what it served."""
     return FakeEngine()
+
+
+@pytest.fixture
+def app(engine: FakeEngine) -> Any:
+    return served_app(engine, model_name=MODEL)
 
 
 def client_for(engine: FakeEngine, **settings) -> httpx.AsyncClient:
     app = served_app(engine, model_name=MODEL, **settings)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://lmi")
-
-
-@pytest.fixture
-async def client(engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
-    async with client_for(engine) as c:
-        yield c
 
 
 async def invoke(client: httpx.AsyncClient, body: object, path: str = "/invocations"):

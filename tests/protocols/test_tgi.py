@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
 
 import httpx
 import jsonschema
@@ -19,19 +18,6 @@ from huggingface_hub import errors as hub_errors
 from server_process import serving
 
 from handlers.engine.torch.watermark import z_score
-
-pytest_plugins = ["served_models"]
-
-
-@pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine()
-
-
-@pytest.fixture(scope="module")
-def url(engine) -> Iterator[str]:
-    with serving(served_app(engine)) as served_url:
-        yield served_url
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import openai
 import pytest
 
 pytestmark = pytest.mark.e2e
-pytest_plugins = ["served_models"]
 
 MODEL = "smollm2-135m-instruct"
 CHAT = [{"role": "system", "content": "You are terse."},
