@@ -1,4 +1,4 @@
-"""lmi-serve with faults injected into its torch engine, for tests/test_engine_faults.py.
+"""lmi-serve with faults injected into its torch engine, for tests/e2e/test_engine_faults.py.
 
 A request whose prompt holds a marker word makes the batcher fail there:
 - FAULT_REQUEST: appending one of its tokens raises (a failure inside one request);

@@ -1,5 +1,4 @@
-"""One real server, shared by the test modules that declare `pytest_plugins = ["served_models"]`
-(a plugin's session fixture starts once, unlike a fixture imported into each module).
+"""The real server that tests/conftest.py's `served` starts once for the whole session.
 
 It serves the embedded SmolLM2 (`smollm2-135m-instruct`) and, beside it, the default embedding
 model (`all-minilm-l6-v2`); its context is cut to 256 tokens so over-long prompts are cheap.
@@ -15,12 +14,8 @@ and vLLM lanes keep their engines' own settings.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
-from server_process import free_port, running_server
 
 from handlers.config import load_config, parse_args
 from handlers.engine import registry
@@ -39,13 +34,3 @@ def float32_where_torch_serves() -> list[str]:
     engines' lanes set their own)."""
     config = load_config(parse_args([]), env=dict(os.environ))
     return ["option.dtype=fp32"] if registry.chosen(config).name == "torch" else []
-
-
-@pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    context = 256
-    log = tmp_path_factory.mktemp("served") / "server.log"
-    grpc_port = free_port()
-    with running_server(f"option.max_model_len={context}", *float32_where_torch_serves(),
-                        log_path=log, grpc_port=grpc_port) as url:
-        yield Served(url, context, f"127.0.0.1:{grpc_port}", log)

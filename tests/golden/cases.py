@@ -1,6 +1,6 @@
 """Recorded wire responses of every HTTP route, on the FakeEngine: the server's byte-level
-contract. `record.py` writes `responses.json`; `tests/test_golden_responses.py` replays the same
-cases and compares. What varies between runs (ids, `created`, timings) is normalized away;
+contract. `record.py` writes `responses.json`; `tests/protocols/test_golden_responses.py` replays
+the same cases and compares. What varies between runs (ids, `created`, timings) is normalized away;
 everything else, status, content type and body bytes, must match exactly.
 """
 

@@ -1,0 +1,150 @@
+"""Engine supervision, end to end: faults injected into the torch engine of a real lmi-serve
+(tests/fault_server.py) end the requests they touch with the protocol's error, readiness tells
+the truth, and the server recovers (option.engine_restart) or exits non-zero."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+
+import httpx
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+from server_process import server_process
+
+FAULT_SERVER = ("tests/fault_server.py",)
+LONG = {"max_new_tokens": 300, "min_new_tokens": 300, "details": True}  # runs past the fault
+
+
+@contextlib.contextmanager
+def faulty_server(tiny_dir: Path, tmp_path: Path, *options: str):
+    with server_process(f"option.model_id={tiny_dir}", "option.embedding_model_id=none",
+                        *options, log_path=tmp_path / "server.log",
+                        program=FAULT_SERVER) as (proc, url):
+        yield proc, url
+
+
+def invoke(url: str, prompt: str, **parameters) -> httpx.Response:
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 8, **parameters}}
+    return httpx.post(f"{url}/invocations", json=body, timeout=120)
+
+
+class Stream:
+    """A streaming /invocations request read in a thread: `started` is set at its first line."""
+
+    def __init__(self, url: str, prompt: str) -> None:
+        self.lines: list[dict] = []
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._read, args=(url, prompt))
+        self.thread.start()
+
+    def _read(self, url: str, prompt: str) -> None:
+        body = {"inputs": prompt, "parameters": LONG, "stream": True}
+        with httpx.stream("POST", f"{url}/invocations", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                self.lines.append(orjson.loads(line))
+                self.started.set()
+        self.started.set()
+
+    def result(self) -> list[dict]:
+        self.thread.join(120)
+        return self.lines
+
+
+def ping(url: str) -> int:
+    return httpx.get(f"{url}/ping", timeout=30).status_code
+
+
+def wait_healthy(url: str) -> None:
+    """Readiness comes back once the engine restarted (polled: a restart takes what it takes)."""
+    for _ in range(600):
+        if ping(url) == 200:
+            return
+        threading.Event().wait(0.1)
+    raise AssertionError("the server did not become ready again")
+
+
+def restarts(url: str) -> float:
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text)
+    return next(sample.value for family in families for sample in family.samples
+                if sample.name == "lmi_engine_restarts_total")
+
+
+def ended_with_error(lines: list[dict]) -> bool:
+    return bool(lines) and lines[-1]["details"]["finish_reason"] == "error"
+
+
+def test_a_failure_inside_one_request_fails_that_request_alone(tiny_dir, tmp_path):
+    with faulty_server(tiny_dir, tmp_path) as (_proc, url):
+        others = [Stream(url, f"hello {i}") for i in range(3)]
+        for stream in others:
+            stream.started.wait(120)
+        failed = invoke(url, "FAULT_REQUEST please")
+        assert failed.status_code == 424
+        assert "injected fault in one request" in failed.json()["error"]
+        for stream in others:
+            lines = stream.result()
+            assert lines[-1]["details"]["finish_reason"] == "length"
+            assert lines[-1]["details"]["generated_tokens"] == 300
+        assert ping(url) == 200 and restarts(url) == 0
+
+
+def test_a_failed_step_ends_its_requests_and_the_engine_restarts(tiny_dir, tmp_path):
+    with faulty_server(tiny_dir, tmp_path) as (proc, url):
+        running = Stream(url, "hello there")
+        running.started.wait(120)
+        failed = invoke(url, "FAULT_STEP please")
+        assert failed.status_code >= 400 and "injected fault" in failed.json()["error"]
+        assert ended_with_error(running.result())
+        wait_healthy(url)
+        answer = invoke(url, "hello again")
+        assert answer.status_code == 200 and answer.json()["generated_text"]
+        assert proc.poll() is None and restarts(url) == 1
+
+
+def test_a_failed_abort_ends_the_running_requests_and_the_engine_restarts(tiny_dir, tmp_path):
+    with faulty_server(tiny_dir, tmp_path) as (_proc, url):
+        running = Stream(url, "hello there")
+        running.started.wait(120)
+        body = {"inputs": "FAULT_ABORT please", "parameters": LONG, "stream": True}
+        with httpx.stream("POST", f"{url}/invocations", json=body, timeout=120) as response:
+            next(response.iter_lines())  # one token, then the client goes away: an abort
+        assert ended_with_error(running.result())
+        wait_healthy(url)
+        assert invoke(url, "hello again").status_code == 200 and restarts(url) == 1
+
+
+def test_without_engine_restart_a_failed_engine_exits_non_zero(tiny_dir, tmp_path):
+    with faulty_server(tiny_dir, tmp_path, "option.engine_restart=false") as (proc, url):
+        failed = invoke(url, "FAULT_STEP please")
+        assert failed.status_code >= 400 and "injected fault" in failed.json()["error"]
+        assert proc.wait(60) == 1
+
+
+def test_a_stalled_step_fails_its_requests_and_exits_non_zero(tiny_dir, tmp_path):
+    with faulty_server(tiny_dir, tmp_path, "option.engine_stall_timeout=1") as (proc, url):
+        failed = invoke(url, "FAULT_STALL please")
+        assert failed.status_code >= 400
+        assert "engine is stuck" in failed.json()["error"]
+        assert proc.wait(60) == 1
+    assert "ran past option.engine_stall_timeout" in (tmp_path / "server.log").read_text()
+
+
+def test_consecutive_failed_requests_turn_readiness_off(tiny_dir, tmp_path):
+    options = ("option.max_consecutive_failures=3", "option.engine_restart=false")
+    with faulty_server(tiny_dir, tmp_path, *options) as (proc, url):
+        for _ in range(2):
+            assert invoke(url, "FAULT_REQUEST please").status_code == 424
+            assert ping(url) == 200
+        assert invoke(url, "FAULT_REQUEST please").status_code == 424
+        assert proc.wait(60) == 1
+    assert "3 requests in a row failed" in (tmp_path / "server.log").read_text()
+
+
+def test_consecutive_failed_requests_restart_the_engine(tiny_dir, tmp_path):
+    with faulty_server(tiny_dir, tmp_path, "option.max_consecutive_failures=2") as (proc, url):
+        for _ in range(2):
+            assert invoke(url, "FAULT_REQUEST please").status_code == 424
+        wait_healthy(url)
+        assert restarts(url) == 1 and invoke(url, "hello").status_code == 200

@@ -1,0 +1,142 @@
+"""Models from S3 (`option.model_id=s3://bucket/prefix`), fetched with boto3 from a moto S3
+server into the cache directory: a whole copy or none, reused while the objects are unchanged,
+served from the cache when S3 cannot be reached, and a clear startup error otherwise."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+from moto.server import ThreadedMotoServer
+from server_process import free_port, running_server
+
+from handlers.model_fetch import MANIFEST, FetchError, fetch_s3
+from handlers.model_source import ModelSourceError, model_files_in, resolve_model_source
+
+URI = "s3://models/tiny-model"
+
+
+@pytest.fixture(scope="module")
+def s3_env(tiny_dir) -> Iterator[dict[str, str]]:
+    """A moto S3 server holding the tiny model under s3://models/tiny-model/."""
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="x", aws_secret_access_key="x")
+    client.create_bucket(Bucket="models")
+    for path in sorted(tiny_dir.iterdir()):
+        client.upload_file(str(path), "models", f"tiny-model/{path.name}")
+    try:
+        yield env
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aws(s3_env, monkeypatch, tmp_path) -> Path:
+    """This process talks to the moto server; the cache is a fresh directory."""
+    for name, value in s3_env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LMI_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_the_objects_become_a_loadable_model_directory(aws, tiny_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="handlers.model_fetch"):
+        source = resolve_model_source(URI, tiny_dir.parent)
+    assert source == aws / "s3" / "models" / "tiny-model" and model_files_in(source) == source
+    files = sorted(p.name for p in tiny_dir.iterdir())
+    assert sorted(p.name for p in source.iterdir() if p.name != MANIFEST) == files
+    assert ((source / "model.safetensors").read_bytes()
+            == (tiny_dir / "model.safetensors").read_bytes())
+    assert f"fetching {URI}: {len(files)} of {len(files)} files" in caplog.text
+
+
+def test_an_unchanged_copy_is_reused_and_a_changed_one_fetched_again(aws, s3_env, tiny_dir, caplog):
+    first = fetch_s3(URI)
+    with caplog.at_level(logging.INFO, logger="handlers.model_fetch"):
+        assert fetch_s3(URI) == first
+    assert "cached in" in caplog.text and "fetching" not in caplog.text
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"])
+    client.put_object(Bucket="models", Key="tiny-model/notes.txt", Body=b"v2")
+    try:
+        assert (fetch_s3(URI) / "notes.txt").read_bytes() == b"v2"
+    finally:
+        client.delete_object(Bucket="models", Key="tiny-model/notes.txt")
+
+
+def test_a_cached_copy_serves_when_s3_cannot_be_reached(aws, monkeypatch, caplog):
+    fetched = fetch_s3(URI)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nobody there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with caplog.at_level(logging.WARNING, logger="handlers.model_fetch"):
+        assert fetch_s3(URI) == fetched
+    assert "serving the cached copy" in caplog.text
+
+
+@pytest.mark.parametrize(("uri", "message"), [
+    ("s3://no-such-bucket/model", "option.model_id s3://no-such-bucket/model: cannot list it"),
+    ("s3://models/nothing-here", "option.model_id s3://models/nothing-here: no objects under it"),
+])
+def test_a_source_that_cannot_be_fetched_is_named(aws, tmp_path, uri, message):
+    with pytest.raises(ModelSourceError, match=message):
+        resolve_model_source(uri, tmp_path)
+
+
+def test_a_download_that_fails_midway_leaves_no_model_behind(aws, monkeypatch):
+    real = boto3.client
+
+    def failing_client(*args, **kwargs):
+        client = real(*args, **kwargs)
+        download = client.download_file
+        calls = []
+
+        def download_file(*a, **k):
+            calls.append(a)
+            if len(calls) == 2:
+                raise OSError("disk full")
+            return download(*a, **k)
+
+        client.download_file = download_file
+        return client
+
+    monkeypatch.setattr(boto3, "client", failing_client)
+    with pytest.raises(FetchError, match="the download failed"):
+        fetch_s3(URI)
+    bucket_dir = aws / "s3" / "models"
+    assert not any(bucket_dir.iterdir())  # no half copy, no staging directory
+
+
+@pytest.mark.e2e
+def test_the_server_serves_a_model_from_s3(s3_env, tmp_path):
+    env = {**s3_env, "LMI_CACHE_DIR": str(tmp_path / "cache")}
+    options = (f"option.model_id={URI}", "option.embedding_model_id=none")
+    with running_server(*options, env=env, log_path=tmp_path / "server.log") as url:
+        models = httpx.get(f"{url}/v1/models").json()["models"]
+        answer = httpx.post(f"{url}/invocations", timeout=60, json={
+            "inputs": "Once upon a time", "parameters": {"max_new_tokens": 4}})
+    assert models == ["tiny-model"]
+    assert answer.status_code == 200 and answer.json()["generated_text"]
+    assert f"fetching {URI}" in (tmp_path / "server.log").read_text()
+
+
+@pytest.mark.e2e
+def test_a_missing_bucket_stops_startup_naming_it(s3_env, tmp_path):
+    env = {**s3_env, "LMI_CACHE_DIR": str(tmp_path / "cache"), "AWS_MAX_ATTEMPTS": "1"}
+    argv = [sys.executable, "-m", "handlers.cli", "--port", str(free_port()), "--grpc-port", "0",
+            "--option", "option.model_id=s3://no-such-bucket/model",
+            "--option", "option.embedding_model_id=none"]
+    done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    assert "option.model_id s3://no-such-bucket/model: cannot list it" in done.stderr

@@ -1,0 +1,187 @@
+"""The compiled CPU decode step (handlers/engine/torch/decode_graphs.py) on the tiny Llama:
+compiled for real in its subprocess (a few minutes, once per module), in float32 it gives the
+eager step's tokens and logits at one row and at several, and its constants are stored once,
+beside the code, and mapped; in bfloat16 one graph serves every row count and gives a row the
+same logits whatever the count; a second start loads the cached packages without compiling; a
+compile that fails leaves the eager step serving; and a server with the default
+option.enforce_eager=false decodes through the graphs and answers as an eager one does."""
+
+from __future__ import annotations
+
+import logging
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+from server_process import running_server
+
+from handlers.engine.torch.decode_graphs import DecodeGraphs
+from handlers.engine.torch.graph_constants import SUFFIX
+from handlers.engine.torch.loader import LoadedModel, load_model
+from handlers.engine.torch.machine import has_native_bf16
+from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
+
+pytestmark = pytest.mark.slow
+SLOTS = 32  # the servers' default option.max_rolling_batch_size: the server test reuses them
+COMPILE_WAIT_S = 1800  # a hang guard only: compiling is minutes on two cores
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def fresh(tiny_dir: Path, dtype: str = "fp32") -> LoadedModel:
+    return load_model(tiny_dir, dtype=dtype, device="cpu")
+
+
+def started(loaded: LoadedModel, cache_dir: Path) -> DecodeGraphs:
+    graphs = DecodeGraphs.for_model(loaded, SLOTS, loaded.max_model_len, cache_dir)
+    assert graphs is not None
+    graphs.start()
+    assert graphs.ready.wait(COMPILE_WAIT_S)
+    return graphs
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny_dir: Path, cache_dir: Path) -> tuple[LoadedModel, DecodeGraphs]:
+    loaded = fresh(tiny_dir)
+    graphs = started(loaded, cache_dir)
+    assert graphs.counts() == {"decode_graphs_ready": 2, "decode_graphs_total": 2}
+    return loaded, graphs
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_compiled_step_gives_the_eager_steps_tokens_and_logits(tiny_dir, compiled, rows):
+    loaded, graphs = compiled
+    eager = ModelRunner(fresh(tiny_dir).model, SLOTS, loaded.max_model_len)
+    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs)
+    assert graphs.for_rows(rows) is not None
+    prompts = [list(range(5 + row, 20 + 7 * row)) for row in range(rows)]
+    for runner in (eager, fast):
+        runner.prefill([PrefillChunk(slot, ids, 0) for slot, ids in enumerate(prompts)])
+    tokens, lengths = [ids[-1] for ids in prompts], [len(ids) for ids in prompts]
+    for _ in range(40):
+        want, got = eager.decode(tokens, lengths), fast.decode(tokens, lengths)
+        assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        tokens, lengths = want.argmax(-1).tolist(), [n + 1 for n in lengths]
+
+
+def test_a_second_start_loads_the_cached_graphs_without_compiling(tiny_dir, cache_dir, compiled,
+                                                                  caplog):
+    with caplog.at_level(logging.INFO, logger="handlers.engine.torch.decode_graphs"):
+        graphs = started(fresh(tiny_dir), cache_dir)
+    assert graphs.counts()["decode_graphs_ready"] == 2
+    assert graphs.directory == compiled[1].directory
+    assert sum("loaded in" in r.message for r in caplog.records) == 2
+    assert not any("compiling" in r.message for r in caplog.records)
+
+
+def test_the_constants_are_stored_once_beside_the_code_and_mapped(compiled):
+    directory = compiled[1].directory
+    for package in directory.glob("*.pt2"):
+        with zipfile.ZipFile(package) as archive:
+            assert not [n for n in archive.namelist() if "/data/weights/" in n]
+    paths = sorted(directory.glob(f"*{SUFFIX}"))
+    mapped = Path("/proc/self/maps").read_text()  # by the graphs: the test has not loaded them
+    stores = [torch.load(p, mmap=True, weights_only=True) for p in paths]
+    assert len(stores) == 2
+    first, second = (set(s["tensors"]) for s in stores)
+    assert not first & second  # each distinct tensor once
+    assert set().union(*(s["names"].values() for s in stores)) == first | second
+    assert len(first | second) < sum(len(s["names"]) for s in stores)  # the graphs share some
+    assert all(str(p) in mapped for p, s in zip(paths, stores, strict=True) if s["tensors"])
+
+
+def test_other_weights_or_batch_slots_get_graphs_of_their_own(tiny_dir, cache_dir):
+    loaded = fresh(tiny_dir)
+    directory = DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir).directory
+    assert DecodeGraphs.for_model(loaded, 8, 512, cache_dir).directory != directory
+    with torch.no_grad():
+        loaded.model.model.norm.weight[0] += 1
+    assert DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir).directory != directory
+
+
+def test_graphs_are_for_float32_and_bfloat16_on_the_cpu(tiny_dir, cache_dir, caplog):
+    loaded = load_model(tiny_dir, dtype="fp16", device="cpu")
+    with caplog.at_level(logging.INFO, logger="handlers.engine.torch.decode_graphs"):
+        assert DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir) is None
+    assert "compiled only for float32 and bfloat16 on the CPU" in caplog.text
+
+
+@pytest.mark.skipif(not has_native_bf16(),
+                    reason="this CPU has no bf16 matmul kernels (AVX512-BF16 or AMX): oneDNN "
+                    "widens bf16 by the batch's shape there, and auto serves float32")
+def test_in_bfloat16_one_graph_gives_a_row_the_same_logits_whatever_the_row_count(
+        tiny_dir, cache_dir):
+    loaded = fresh(tiny_dir, "bf16")
+    graphs = started(loaded, cache_dir)
+    assert graphs.counts() == {"decode_graphs_ready": 1, "decode_graphs_total": 1}
+    eager = ModelRunner(fresh(tiny_dir, "bf16").model, SLOTS, loaded.max_model_len)
+    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs)
+    prompts = [list(range(5 + row, 20 + 7 * row)) for row in range(8)]
+    for runner in (eager, fast):
+        runner.prefill([PrefillChunk(slot, ids, 0) for slot, ids in enumerate(prompts)])
+    token, length = prompts[0][-1], len(prompts[0])
+    for _ in range(20):
+        alone = fast.decode([token], [length])[0]
+        for rows in (3, 8):  # the other rows write their slots at the same positions each time
+            crowd = fast.decode([token] + [p[-1] for p in prompts[1:rows]],
+                                [length] + [len(p) for p in prompts[1:rows]])[0]
+            assert torch.equal(crowd, alone)
+        want = eager.decode([token], [length])[0]
+        torch.testing.assert_close(alone, want, rtol=0.05, atol=0.05)  # bf16's roundings
+        token, length = int(alone.argmax()), length + 1
+
+
+def test_a_compile_that_fails_leaves_the_eager_step_serving(tiny_dir, tmp_path, caplog):
+    loaded = fresh(tiny_dir)
+    graphs = DecodeGraphs.for_model(loaded, 4, loaded.max_model_len, tmp_path)
+    graphs._job["source"] = str(tmp_path / "gone")  # the subprocess finds no model there
+    with caplog.at_level(logging.INFO, logger="handlers.engine.torch.decode_graphs"):
+        graphs.start()
+        assert graphs.ready.wait(COMPILE_WAIT_S)
+    assert graphs.counts()["decode_graphs_ready"] == 0
+    assert "were not compiled (exit code 1" in caplog.text
+    runner = ModelRunner(loaded.model, 4, loaded.max_model_len, graphs)
+    runner.prefill([PrefillChunk(0, [5, 6, 7], 0)])
+    assert runner.decode([8], [3]).shape == (1, runner.vocab_size)
+
+
+def metric(url: str, name: str) -> float | None:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
+                 if s.name == name), None)
+
+
+def completion(url: str) -> str:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    model = client.models.list().data[0].id
+    return client.completions.create(model=model, prompt="The capital of France is",
+                                     max_tokens=24, temperature=0).choices[0].text
+
+
+def test_a_default_server_decodes_through_the_graphs_and_answers_as_an_eager_one(
+        tiny_dir, cache_dir, compiled, tmp_path):
+    # float32 (the graphs compiled above), where compiled and eager logits agree to ~1e-6
+    server = (f"option.model_id={tiny_dir}", "option.embedding_model_id=none", "option.dtype=fp32")
+    env = {"LMI_CACHE_DIR": str(cache_dir), "OPTION_ENFORCE_EAGER": "false"}
+    with running_server(*server, env=env, log_path=tmp_path / "compiled.log") as url:
+        assert metric(url, "lmi_decode_graphs_total") == 2
+        deadline = time.monotonic() + COMPILE_WAIT_S  # loading the cached two: seconds
+        while metric(url, "lmi_decode_graphs_ready") != 2:
+            assert time.monotonic() < deadline, "the cached graphs were not loaded"
+            time.sleep(0.5)
+        text = completion(url)
+    log = (tmp_path / "compiled.log").read_text()
+    assert "loaded in" in log and "compiling" not in log
+    eager_env = {"LMI_CACHE_DIR": str(cache_dir), "OPTION_ENFORCE_EAGER": "true"}
+    with running_server(*server, env=eager_env, log_path=tmp_path / "eager.log") as url:
+        assert metric(url, "lmi_decode_graphs_total") is None
+        assert completion(url) == text
