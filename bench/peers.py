@@ -35,7 +35,7 @@ from bench.peer_report import format_table, plot
 from bench.prompts import prompt
 from bench.stats import RequestResult, summarize, wall_time
 from bench.workloads import poisson_trace
-from handlers.engine.torch.machine import cpu_flags
+from handlers.engine.machine import cpu_flags
 
 PARAMETERS = 134_515_008  # SmolLM2-135M's, for the bounds
 KV_CACHE_BYTES = 4 << 30  # what our vllm engine gives vLLM's CPU build; vLLM's server too
@@ -227,7 +227,7 @@ def wait_embeddings(url: str, timeout: float) -> float:
 
 def model_dir() -> str:
     """The embedded default's safetensors copy (what vLLM's server reads)."""
-    from handlers.engine.torch.loader import cached_gguf_dir
+    from handlers.engine.gguf.cache import cached_gguf_dir
     from handlers.model_source import default_model_path
 
     return str(cached_gguf_dir(default_model_path()))

@@ -17,9 +17,9 @@ import pytest
 import torch
 from tiny_model import make_tiny_model_dir
 
+from handlers.engine.grammars import Grammars, mask_logits
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
-from handlers.engine.torch.structured import Grammars, mask_logits
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from tiny_model import make_tiny_model_dir
 
+from handlers.engine.loop.watermark import GAMMA, greenlist, z_score
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
-from handlers.engine.torch.watermark import GAMMA, greenlist, z_score
 from handlers.engine.types import GenerationRequest, SamplingParams
 
 TOKENS = 200
