@@ -31,7 +31,7 @@ class Loaded(Protocol):
     """What an engine loaded besides its weights (the torch loader's and llama.cpp's)."""
 
     name: str
-    tokenizer: Any  # transformers' tokenizer (or loader.PlainTokenizer), with the chat template
+    tokenizer: Any  # transformers' (or a PlainTokenizer), with the model's chat template
     eos_token_ids: set[int]
     dtype: Any  # a torch dtype, or the name of the weights' type (a GGUF's "q4_1")
     device: Any  # a torch device
