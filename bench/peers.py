@@ -29,7 +29,7 @@ from bench.launcher import REPO, Command, ServerProcess, free_port, lmi_serve, t
 from bench.report import RESULTS, Level, peer_plot, peer_table, progress, write_json
 from bench.stats import RequestResult, level
 from bench.workloads import poisson_trace
-from handlers.engine.torch.machine import cpu_flags
+from handlers.engine.machine import cpu_flags
 
 PARAMETERS = 134_515_008  # SmolLM2-135M's, for the bounds
 KV_CACHE_BYTES = 4 << 30  # what our vllm engine gives vLLM's CPU build; vLLM's server too
@@ -161,7 +161,7 @@ def command(peer: Peer, python: Path, args: argparse.Namespace) -> Command:
 
 def model_dir() -> str:
     """The embedded default's safetensors copy (what vLLM's server reads)."""
-    from handlers.engine.torch.loader import cached_gguf_dir
+    from handlers.engine.gguf.cache import cached_gguf_dir
     from handlers.model_source import default_model_path
 
     return str(cached_gguf_dir(default_model_path()))

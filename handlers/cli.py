@@ -201,15 +201,7 @@ def _load_embedder(config: Config, files: Path | None = None) -> Embedder | None
     none is served)."""
     if config.embedding_source is None:
         return None
-    from handlers.engine.embedding import EmbeddingEngine, load_embedding_model
-
-    revision = config.revision if config.embeddings_only else None  # option.model_id's
-    loaded = load_embedding_model(config.embedding_source, base_dir=config.model_dir,
-                                  device=config.device, revision=revision, files=files)
-    if config.embeddings_only:
-        loaded.name = config.model_name  # option.model_name applies to the one model served
-    engine = EmbeddingEngine(loaded)
-    engine.start()
+    engine = registry.build_embedder(config, files)
     log.info("embedding model %s is ready", engine.model_name)
     return engine
 

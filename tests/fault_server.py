@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 
 from handlers import cli
-from handlers.engine.torch.batcher import ContinuousBatcher
+from handlers.engine.loop.batcher import ContinuousBatcher
 
 _append, _step, _abort = ContinuousBatcher._append, ContinuousBatcher.step, ContinuousBatcher.abort
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from handlers.engine.torch.loader import cached_gguf_dir
+from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.model_source import default_model_path
 
 TINY_SEED = 1234

@@ -9,12 +9,11 @@ folded them into the properties, and the file may hold DJL keys this project doe
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
 from handlers.config import SETTINGS, Config, ConfigError, load_config, parse_args
-from handlers.engine.vllm.args import vllm_fields
+from handlers.engine import registry
 
 # DJL's front end itself applies these (it found this entry point, times loading and each call).
 _DJL_OWN = {"option.entryPoint", "option.model_loading_timeout", "option.predict_timeout"}
@@ -49,7 +48,7 @@ def _options(properties: Mapping[str, Any]) -> dict[str, str]:
     }
     if str(properties.get("rolling_batch")) in ("vllm", "lmi-dist"):
         # As DJL's vLLM handler: the properties that name vLLM engine arguments are passed on.
-        fields = vllm_fields() if importlib.util.find_spec("vllm") else {}
+        fields = registry.argument_names("vllm")
         options |= {f"option.{key}": str(value) for key, value in properties.items()
                     if key in fields and f"option.{key}" not in _OPTIONS | _DJL_OWN}
     device = _device(properties.get("device_id"))

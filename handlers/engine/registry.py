@@ -1,9 +1,10 @@
 """`option.rolling_batch` -> the engine that serves it, imported only once chosen (so the server
-imports no torch, vLLM or llama.cpp of its own). Each entry says which engine settings take
-effect with it; another engine setting stops startup unless it holds a value meaning the default.
-LMI's dynamic batching (`disable`) is composed here, over the default engine. `auto` is vLLM
-where it is installed and a GPU is present, the llama.cpp engine for a GGUF model on the CPU
-where llama-cpp-python is installed, else torch.
+imports no torch, vLLM or llama.cpp of its own); the embedding engine too. Each entry says which
+engine settings take effect with it; another engine setting stops startup unless it holds a
+value meaning the default. LMI's dynamic batching (`disable`) is composed here, over the default
+engine. `auto` is vLLM where it is installed and a GPU is present, the llama.cpp engine for a
+GGUF model on the CPU where llama-cpp-python is installed, else torch. Engines are peers: what
+one needs of another's (vLLM's argument names, for the DJL entry) is asked of the registry.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import importlib.util
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from handlers.config import SETTINGS, Config, ConfigError, Setting
 from handlers.config.keys import unknown_key
-from handlers.engine.base import EngineBuild
+from handlers.engine.base import Embedder, EngineBuild
 from handlers.engine.dynamic_batch import DynamicBatcher
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,9 @@ class EngineEntry:
     supports: frozenset[str]  # the engine settings (Setting.engine) that take effect with it
     # (field, value) pairs that ask the engine for what it does anyway: accepted like defaults
     inherent: frozenset[tuple[str, object]] = frozenset()
+    # "module:function" listing the arguments it takes by name, where `package` is installed
+    arguments: str | None = None
+    package: str | None = None
 
 
 _ROLLING = frozenset({"option.max_rolling_batch_size", "option.max_rolling_batch_prefill_tokens",
@@ -47,9 +52,11 @@ ENGINES = {
                                                          "option.enable_prefix_caching"}),
     # Health turns false past option.engine_stall_timeout; vLLM's engine core is its own
     # process, not a loop of ours to restart. LoRA adapters are vLLM's own.
+    # Any AsyncEngineArgs field may be given by name (option.<field>).
     "vllm": EngineEntry("vllm", "handlers.engine.vllm.build",
                         _ROLLING | _HF | _GPU | {"option.engine_stall_timeout",
-                                                 "option.lora_modules"}),
+                                                 "option.lora_modules"},
+                        arguments="handlers.engine.vllm.args:vllm_fields", package="vllm"),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
     # It compiles nothing: option.enforce_eager=true asks it for what it does.
     "llamacpp": EngineEntry("llamacpp", "handlers.engine.llamacpp.build",
@@ -57,6 +64,10 @@ ENGINES = {
                                                       "option.enable_prefix_caching"},
                             inherent=frozenset({("enforce_eager", True)})),
 }
+# The embedding model's (`build(config, files) -> Embedder`), on the generation model's device;
+# an embeddings-only server refuses every engine setting (config/effects.py).
+EMBEDDING = EngineEntry("embedding", "handlers.engine.embedding.build",
+                        frozenset({"option.device"}))
 # option.rolling_batch -> engine; `disable` runs LMI's dynamic batching over the default one;
 # `auto` is decided by auto_engine().
 _BY_MODE = {"torch": "torch", "disable": "torch", "vllm": "vllm", "llamacpp": "llamacpp"}
@@ -127,6 +138,23 @@ def loader(config: Config) -> Callable[[], EngineBuild]:
 def build(config: Config) -> EngineBuild:
     """The chosen engine with the model loaded."""
     return loader(config)()
+
+
+def build_embedder(config: Config, files: Path | None = None) -> Embedder:
+    """The embedding engine, its model (from `files`, where located already) loaded and
+    started."""
+    module = importlib.import_module(EMBEDDING.module)
+    return module.build(config, files)
+
+
+def argument_names(engine: str) -> frozenset[str]:
+    """The arguments `engine` takes by name (vLLM's AsyncEngineArgs fields); none where it
+    takes none or its package is not installed."""
+    entry = ENGINES[engine]
+    if entry.arguments is None or importlib.util.find_spec(entry.package) is None:
+        return frozenset()
+    module, function = entry.arguments.split(":")
+    return frozenset(getattr(importlib.import_module(module), function)())
 
 
 def _departs(config: Config, setting: Setting, entry: EngineEntry) -> bool:

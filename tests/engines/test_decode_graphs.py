@@ -20,11 +20,12 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import running_server
 
+from handlers.engine.loop.runner import PrefillChunk
+from handlers.engine.machine import has_native_bf16
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.graph_constants import SUFFIX
 from handlers.engine.torch.loader import LoadedModel, load_model
-from handlers.engine.torch.machine import has_native_bf16
-from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
+from handlers.engine.torch.model_runner import ModelRunner
 
 pytestmark = pytest.mark.slow
 SLOTS = 32  # the servers' default option.max_rolling_batch_size: the server test reuses them

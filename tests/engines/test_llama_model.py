@@ -15,10 +15,11 @@ import torch
 from tiny_model import make_tiny_model_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from handlers.engine.loop.runner import PrefillChunk
 from handlers.engine.plain_tokenizer import PlainTokenizer
 from handlers.engine.torch.llama_model import LlamaCausalLM
 from handlers.engine.torch.loader import load_model
-from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
+from handlers.engine.torch.model_runner import ModelRunner
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi! 你好"}]
@@ -86,7 +87,8 @@ def test_a_start_imports_no_modeling_code(tiny_dir: Path) -> None:
 import json, sys
 from pathlib import Path
 from handlers.engine.torch.loader import load_model
-from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
+from handlers.engine.loop.runner import PrefillChunk
+from handlers.engine.torch.model_runner import ModelRunner
 loaded = load_model(Path({str(tiny_dir)!r}), device="cpu")
 runner = ModelRunner(loaded.model, 2, 64)
 runner.prefill([PrefillChunk(0, loaded.tokenizer.encode("Hello there"), 0)])

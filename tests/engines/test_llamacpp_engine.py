@@ -95,7 +95,7 @@ def reference():
 
 def test_transformers_ids_are_llama_cpp_ids(built):
     tokenizer = built.engine.tokenizer
-    vocab = llama_cpp.llama_model_get_vocab(built.engine._loaded.handle)
+    vocab = llama_cpp.llama_model_get_vocab(built.engine.loaded.handle)
     for text in [chat(q) for q in QUESTIONS] + ["café 😀 你好\n\t  x = [1, 2]"]:
         assert tokenizer.encode(text) == llama_token_ids(vocab, text)
     assert built.engine.vocab_size == len(tokenizer.hf) == 49152
@@ -154,12 +154,12 @@ async def test_one_decode_call_per_step_over_all_sequences(engine, monkeypatch):
 
 
 def stepped_engine(model_dir, prefill_tokens: int):
-    """A new engine of 4 slots that prefills `prefill_tokens` a step, to step by hand."""
+    """A new engine of 4 slots that prefills `prefill_tokens` a step, stepped by hand."""
     args = parse_args(["--model-dir", str(model_dir), "--option", "option.rolling_batch=llamacpp",
                        "--option", f"option.max_model_len={CONTEXT}",
                        "--option", "option.max_rolling_batch_size=4", "--option",
                        f"option.max_rolling_batch_prefill_tokens={prefill_tokens}"])
-    return build(load_config(args, {})).engine
+    return build(load_config(args, {})).steppable
 
 
 def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(tmp_path, reference):
@@ -167,7 +167,7 @@ def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(tmp_path, refer
     decode slot B sits in: B's sequence moves with that chunk's cells (it lost them once, and
     answered otherwise than `Llama`)."""
     stepped = stepped_engine(tmp_path, 8)
-    requests, tokens = prompt_moved_mid_prefill(stepped, stepped.tokenizer.encode(SYSTEM))
+    requests, tokens = prompt_moved_mid_prefill(stepped, stepped.engine.tokenizer.encode(SYSTEM))
     for req in requests:
         assert [t.id for t in tokens[req.request_id, 0]] == reference(
             req.prompt_token_ids, req.params.max_new_tokens)
@@ -201,9 +201,9 @@ def test_each_request_keeps_its_own_context_whatever_the_schedule(tmp_path, refe
     stays taken."""
     rng = random.Random(seed)
     stepped = stepped_engine(tmp_path, rng.choice([5, 8, 13]))
-    text = stepped.tokenizer.encode(SYSTEM + "".join(chat(q) for q in QUESTIONS))
+    text = stepped.engine.tokenizer.encode(SYSTEM + "".join(chat(q) for q in QUESTIONS))
     requests, got, aborted = random_schedule(stepped, text, rng)
-    memory = stepped.batcher.runner.cache
+    memory = stepped.engine.batcher.runner.cache
     assert all(memory.positions(slot) == (-1, -1) for slot in range(4))
     for req in requests:
         prompt = req.prompt_token_ids

@@ -13,10 +13,13 @@ import pytest
 import torch
 from tiny_model import make_tiny_model_dir
 
+from handlers.engine.gguf.cache import file_sha256, save_atomically
+from handlers.engine.loop.runner import PrefillChunk
+from handlers.engine.machine import resolve_device
 from handlers.engine.plain_tokenizer import PlainTokenizer
 from handlers.engine.torch import loader
-from handlers.engine.torch.loader import file_sha256, load_model, resolve_device, resolve_dtype
-from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
+from handlers.engine.torch.loader import load_model, resolve_dtype
+from handlers.engine.torch.model_runner import ModelRunner
 from handlers.model_source import (
     ModelSourceError,
     default_model_path,
@@ -244,7 +247,7 @@ class _Saves:
 def test_a_failed_cache_write_leaves_nothing_behind(tmp_path: Path) -> None:
     entry = tmp_path / "gguf" / "abc"
     with pytest.raises(OSError, match="disk full"):
-        loader._save_atomically(entry, _Saves("model"), _Saves("tokenizer", fail=True))
+        save_atomically(entry, _Saves("model"), _Saves("tokenizer", fail=True))
     assert list((tmp_path / "gguf").iterdir()) == []
 
 
@@ -252,7 +255,7 @@ def test_a_cache_written_concurrently_keeps_the_first_copy(tmp_path: Path) -> No
     entry = tmp_path / "gguf" / "abc"
     entry.mkdir(parents=True)
     (entry / "winner").write_text("first")
-    loader._save_atomically(entry, _Saves("model"), _Saves("tokenizer"))
+    save_atomically(entry, _Saves("model"), _Saves("tokenizer"))
     assert list((tmp_path / "gguf").iterdir()) == [entry]
     assert sorted(p.name for p in entry.iterdir()) == ["winner"]
 

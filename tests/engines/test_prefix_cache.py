@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
+from handlers.engine.loop.prefix_cache import BLOCK, PrefixCache
 from handlers.engine.torch.kv_cache import SlotKVCache
-from handlers.engine.torch.prefix_cache import BLOCK, PrefixCache
 
 
 def setup(max_tokens: int = 1024) -> tuple[SlotKVCache, PrefixCache, dict[str, int]]:

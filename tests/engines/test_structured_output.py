@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 import torch
 
+from handlers.engine.grammars import Grammars, mask_logits
 from handlers.engine.torch.engine import TorchEngine
-from handlers.engine.torch.structured import Grammars, mask_logits
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,

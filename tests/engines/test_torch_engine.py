@@ -16,7 +16,8 @@ from engine_requests import prompt_moved_mid_prefill, random_schedule, run
 from tiny_model import make_tiny_model_dir
 from transformers import AutoModelForCausalLM
 
-from handlers.engine.torch import sampling
+from handlers.engine.loop import sampling
+from handlers.engine.loop.direct import DirectStepper
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
 from handlers.engine.types import (
@@ -274,7 +275,7 @@ async def test_a_failing_request_fails_alone(reference, engine, loaded, monkeypa
 def test_stepped_by_its_caller_one_token_per_sequence_per_step(reference, loaded):
     """The DJL entry's use: add() (tokenizing what was not validated) and step() in the caller's
     thread; each step gives every running sequence one token, as vLLM's steps give DJL."""
-    stepped = TorchEngine(loaded, max_batch_size=4)
+    stepped = DirectStepper(TorchEngine(loaded, max_batch_size=4))
     requests = [GenerationRequest(prompt=p, params=SamplingParams(max_new_tokens=6,
                                                                   ignore_eos=True))
                 for p in PROMPTS[:3]]
@@ -301,7 +302,7 @@ def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(reference, load
     """Prompt A ends its prefill in the pass that also prefills B's first chunk, and takes the
     decode slot B sits in: B moves elsewhere with that chunk's keys and values (it lost them
     once, answering otherwise than generate()), and both answer as generate() does."""
-    stepped = TorchEngine(loaded, max_batch_size=4, max_prefill_tokens=8)
+    stepped = DirectStepper(TorchEngine(loaded, max_batch_size=4, max_prefill_tokens=8))
     ids = loaded.tokenizer.encode(PROMPTS[2], add_special_tokens=False)
     requests, tokens = prompt_moved_mid_prefill(stepped, ids)
     for req in requests:
@@ -328,11 +329,12 @@ def test_each_request_gets_the_models_own_answer_whatever_the_schedule(reference
     together: every sequence's tokens and logprobs (an aborted one's, up to its abort) are
     still the model's own for its prompt alone, and every slot is free at the end."""
     rng = random.Random(seed)
-    stepped = TorchEngine(loaded, max_batch_size=4, max_prefill_tokens=rng.choice([5, 8, 13]),
-                          prefix_cache_bytes=1 << 20)
+    stepped = DirectStepper(TorchEngine(loaded, max_batch_size=4,
+                                        max_prefill_tokens=rng.choice([5, 8, 13]),
+                                        prefix_cache_bytes=1 << 20))
     text = loaded.tokenizer.encode(" ".join(PROMPTS), add_special_tokens=False)
     requests, tokens, aborted = random_schedule(stepped, text, rng)
-    assert stepped.batcher.stats()["kv_cache_slots_in_use"] == 0
+    assert stepped.engine.batcher.stats()["kv_cache_slots_in_use"] == 0
     for req in requests:
         for index in range(req.params.n):
             got = tokens.get((req.request_id, index), [])

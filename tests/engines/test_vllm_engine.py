@@ -198,7 +198,7 @@ def make_adapter(folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from handlers.engine.torch.loader import cached_gguf_dir
+    from handlers.engine.gguf.cache import cached_gguf_dir
     from handlers.model_source import default_model_path
 
     base = AutoModelForCausalLM.from_pretrained(cached_gguf_dir(default_model_path()),

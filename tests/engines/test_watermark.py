@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from handlers.engine.loop.watermark import GAMMA, greenlist, z_score
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import LoadedModel
-from handlers.engine.torch.watermark import GAMMA, greenlist, z_score
 from handlers.engine.types import GenerationRequest, SamplingParams
 
 TOKENS = 200

@@ -28,6 +28,7 @@ from djl_reference import ReferenceHandler  # noqa: E402
 
 import handlers.djl as entry  # noqa: E402
 from handlers.config import ConfigError  # noqa: E402
+from handlers.engine.loop.direct import DirectStepper  # noqa: E402
 from handlers.engine.torch.engine import TorchEngine  # noqa: E402
 from handlers.engine.torch.loader import load_model  # noqa: E402
 from handlers.model_source import ModelSourceError  # noqa: E402
@@ -101,10 +102,10 @@ def test_an_embedding_model_is_refused_with_a_config_error():
 
 @pytest.fixture(scope="module")
 def reference_engine(tiny_dir):
-    return TorchEngine(load_model(tiny_dir, dtype="fp32"), max_batch_size=BATCH)
+    return DirectStepper(TorchEngine(load_model(tiny_dir, dtype="fp32"), max_batch_size=BATCH))
 
 
-def reference(engine: TorchEngine, **configs) -> SimpleNamespace:
+def reference(engine: DirectStepper, **configs) -> SimpleNamespace:
     """DJL's LMI handler as a module TestHandler can load (it resets `_service.initialized`)."""
     handler = ReferenceHandler(engine, **configs)
     return SimpleNamespace(handle=handler.handle, _service=SimpleNamespace(initialized=True))
@@ -129,7 +130,7 @@ def test_test_handler_rolling_batch_matches_djl(tiny_dir, tmp_path, reference_en
     assert [json.loads(line) for line in ours[2].splitlines()][-1]["generated_text"]
 
 
-def run_both(tiny_dir: Path, root: Path, engine: TorchEngine, script, **options: str
+def run_both(tiny_dir: Path, root: Path, engine: DirectStepper, script, **options: str
              ) -> tuple[RollingBatchFrontEnd, RollingBatchFrontEnd]:
     """The same arrivals, step by step, at the entry and at DJL's handler."""
     ours = RollingBatchFrontEnd(rolling(tiny_dir, root, **options).inference)

@@ -15,7 +15,7 @@ from botocore.eventstream import EventStreamBuffer
 from fakes import FakeEngine, served_app
 from server_process import running_server, serving
 
-from handlers.engine.torch.machine import has_native_bf16
+from handlers.engine.machine import has_native_bf16
 
 STREAMS = 500
 TOKENS = 12

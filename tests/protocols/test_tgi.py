@@ -17,7 +17,7 @@ from huggingface_hub import InferenceClient
 from huggingface_hub import errors as hub_errors
 from server_process import serving
 
-from handlers.engine.torch.watermark import z_score
+from handlers.engine.loop.watermark import z_score
 
 
 @pytest.fixture(scope="module")

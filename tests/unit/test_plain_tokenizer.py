@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from handlers.engine import plain_tokenizer
-from handlers.engine.torch.loader import cached_gguf_dir
+from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.model_source import default_model_path
 
 TEXTS = ["Hello world", "<|im_start|>user\nhé 你好 🤖<|im_end|>", "  two spaces", "", "a\n\n\tb"]

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from handlers.engine.torch import row_reductions as module
-from handlers.engine.torch.row_reductions import available, row_argmax, row_logsumexp
+from handlers.engine.loop import row_reductions as module
+from handlers.engine.loop.row_reductions import available, row_argmax, row_logsumexp
 
 
 @pytest.mark.skipif(not available(), reason="no C++ compiler here")

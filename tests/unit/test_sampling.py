@@ -15,8 +15,8 @@ from transformers import (
     TypicalLogitsWarper,
 )
 
-from handlers.engine.torch import sampling
-from handlers.engine.torch.sampling import SequenceSampler, prompt_logprobs, sample
+from handlers.engine.loop import sampling
+from handlers.engine.loop.sampling import SequenceSampler, prompt_logprobs, sample
 from handlers.engine.types import RequestValidationError, SamplingParams
 
 V = 64

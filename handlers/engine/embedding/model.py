@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from handlers.engine.torch.loader import resolve_device
+from handlers.engine.machine import resolve_device
 from handlers.model_source import (
     DEFAULT_EMBEDDING_NAME,
     ModelSourceError,

@@ -1,6 +1,6 @@
 """Build the llama.cpp engine for a configuration (the registry's entry point for `llamacpp`):
-the torch engine's loop and continuous batcher (admission, chunked prefill, sampling, structured
-output, detokenization) over a runner whose forward passes are llama.cpp's.
+the shared engine loop and continuous batcher (admission, chunked prefill, sampling, structured
+output, detokenization: handlers/engine/loop/) over a runner whose forward passes are llama.cpp's.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from handlers.config import Config, chat_template_text
 from handlers.engine.base import EngineBuild
 from handlers.engine.llamacpp.model import LlamaCppModel, load_model
 from handlers.engine.llamacpp.runner import LlamaCppRunner
-from handlers.engine.torch.engine import TorchEngine
+from handlers.engine.loop.direct import DirectStepper
+from handlers.engine.loop.engine import LoopEngine
 from handlers.model_source import resolve_model_source
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,11 @@ def build(config: Config) -> EngineBuild:
         return LlamaCppRunner(model, slots, max(prefill, slots), pool, places)
 
     prefix_bytes = pool * model.kv_bytes_per_token // PREFIX_POOL_SHARE if places else 0
-    engine = TorchEngine(model, max_batch_size=slots, max_prefill_tokens=prefill,
-                         chat_template=chat_template_text(config),
-                         stall_timeout=config.engine_stall_timeout or None, new_runner=new_runner,
-                         prefix_cache_bytes=prefix_bytes)
-    return EngineBuild(engine, main_loop=engine, steppable=engine)
+    engine = LoopEngine(model, new_runner, max_batch_size=slots, max_prefill_tokens=prefill,
+                        chat_template=chat_template_text(config),
+                        stall_timeout=config.engine_stall_timeout or None,
+                        prefix_cache_bytes=prefix_bytes)
+    return EngineBuild(engine, main_loop=engine.loop, steppable=DirectStepper(engine))
 
 
 def pool_tokens(model: LlamaCppModel, slots: int) -> int:

@@ -15,7 +15,7 @@ import llama_cpp
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from handlers.engine.llamacpp.tokenizer import load_tokenizer
+from handlers.engine.gguf.cache import cached_tokenizer
 from handlers.model_source import derive_model_name
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def load_model(source: Path, name: str | None = None,
     if not handle:
         raise ValueError(f"llama.cpp could not load {source}")
     vocab = llama_cpp.llama_model_get_vocab(handle)
-    tokenizer = load_tokenizer(source)
+    tokenizer = cached_tokenizer(source)
     _check_same_ids(tokenizer, vocab)
     trained = llama_cpp.llama_model_n_ctx_train(handle)
     if max_model_len is not None and max_model_len > trained:

@@ -1,5 +1,5 @@
-"""Forward passes in llama.cpp for the shared `ContinuousBatcher`: the torch `ModelRunner`'s
-interface over a llama.cpp context.
+"""Forward passes in llama.cpp for the shared `ContinuousBatcher`: its `Runner` (loop/runner.py)
+over a llama.cpp context.
 
 Slot i is llama.cpp sequence i. A decode pass is ONE `llama_decode` over the running sequences,
 one token each; a prefill pass is one `llama_decode` over the chunks of a few sequences, with
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from handlers.engine.llamacpp.model import LlamaCppModel
-from handlers.engine.torch.model_runner import PrefillChunk
+from handlers.engine.loop.runner import PrefillChunk
 
 _DECODE_ERRORS = {1: "the KV cache pool is full", 2: "aborted", -1: "invalid batch"}
 

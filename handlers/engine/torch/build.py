@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from handlers.config import Config, chat_template_text
 from handlers.engine.base import EngineBuild
+from handlers.engine.loop.direct import DirectStepper
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
@@ -30,4 +31,4 @@ def build(config: Config) -> EngineBuild:
                          stall_timeout=config.engine_stall_timeout or None,
                          prefix_cache_bytes=0 if config.enable_prefix_caching is False
                          else PREFIX_CACHE_BYTES, graphs=graphs)
-    return EngineBuild(engine, main_loop=engine, steppable=engine)
+    return EngineBuild(engine, main_loop=engine.loop, steppable=DirectStepper(engine))

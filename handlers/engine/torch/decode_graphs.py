@@ -37,12 +37,12 @@ import psutil
 import torch
 from torch import nn
 
+from handlers.engine.machine import cpu_flags
 from handlers.engine.torch import decode_step, graph_constants, graph_runner
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
 from handlers.engine.torch.invariant_attention import available
 from handlers.engine.torch.llama_model import is_llama
 from handlers.engine.torch.loader import LoadedModel
-from handlers.engine.torch.machine import cpu_flags
 from handlers.model_fetch import default_cache_dir
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from handlers.engine.torch.machine import has_native_bf16
+from handlers.engine.machine import has_native_bf16
 
 BF16_SPEEDUP_NEEDED = 1.3  # below this, float32's exactness is worth more than the speed
 _ROWS, _SIZE, _REPEATS = 32, 1024, 3  # a decode batch through one projection-sized matmul

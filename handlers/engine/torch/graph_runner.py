@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from handlers.engine.torch import native_build
+from handlers.engine import native_build
 
 SOURCE = Path(__file__).with_name("graph_runner.cpp")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from handlers.engine.torch import native_build
+from handlers.engine import native_build
 
 SOURCE = Path(__file__).with_name("invariant_attention.cpp")
 MAX_HEAD_SIZE = 256  # the kernel holds a query's elements in 16 vector registers

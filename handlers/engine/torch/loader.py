@@ -1,9 +1,8 @@
 """Model loading from local files (model_source.py fetched remote ones already): every
 transformers call reads local files only (`local_files_only`), so loading never reaches a hub.
 
-A source is a Hugging Face layout directory (config.json + *.safetensors) or a single .gguf file.
-GGUF files are dequantized once by transformers and cached as a plain safetensors checkpoint,
-keyed by the file's content hash, so later starts load in a second or two instead of ~30 s.
+A source is a Hugging Face layout directory (config.json + *.safetensors) or a single .gguf file,
+loaded from its dequantized copy in the GGUF cache (handlers/engine/gguf/).
 
 On the CPU a Llama checkpoint is built by llama_model.py and its tokenizer loaded by its class,
 without importing transformers' modeling code (~6 s of a start); anything else goes through
@@ -12,12 +11,8 @@ transformers' Auto classes, imported only then.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from handlers.engine import plain_tokenizer
+from handlers.engine.gguf.cache import convert_gguf, gguf_cache_entry
+from handlers.engine.machine import resolve_device
 from handlers.engine.plain_tokenizer import PlainTokenizer
 from handlers.engine.torch import llama_model
 from handlers.engine.torch.dtype_probe import choose_cpu_dtype
-from handlers.model_fetch import default_cache_dir
 from handlers.model_source import derive_model_name
 
 if TYPE_CHECKING:
@@ -46,7 +42,7 @@ _DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
 }
-_HASH_CHUNK = 1 << 20
+
 
 @dataclass
 class LoadedModel:
@@ -58,15 +54,6 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: set[int]
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    target = torch.device(device)
-    if target.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was asked for, but CUDA is not available.")
-    return target
 
 
 def check_dtype(dtype: str) -> None:
@@ -136,7 +123,7 @@ def _load_weights(
     if source.suffix.lower() == ".gguf":
         entry = gguf_cache_entry(source, cache_dir)
         if not entry.is_dir():
-            model, tokenizer = _convert_gguf(source, entry)
+            model, tokenizer = convert_gguf(source, entry)
             model.to(resolve_dtype(dtype, target, model.dtype))
             return model, tokenizer, f"GGUF, converted and cached in {entry}"
         source, origin = entry, f"GGUF, cached conversion in {entry}"
@@ -202,73 +189,3 @@ def _eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> set[
         elif value:
             ids.update(value)
     return ids
-
-
-# --- GGUF conversion cache ---------------------------------------------------------------------
-
-
-def gguf_cache_entry(gguf: Path, cache_dir: Path | None = None) -> Path:
-    """Where the converted copy of `gguf` lives (whether or not it exists yet)."""
-    root = cache_dir or default_cache_dir()
-    return root / "gguf" / file_sha256(gguf, root / "hashes")
-
-
-def cached_gguf_dir(gguf: Path, cache_dir: Path | None = None) -> Path:
-    """The HF-layout copy of `gguf` in the cache, converting the file first when needed."""
-    entry = gguf_cache_entry(gguf, cache_dir)
-    if not entry.is_dir():
-        _convert_gguf(gguf, entry)
-    return entry
-
-
-def file_sha256(path: Path, memo_dir: Path) -> str:
-    """The file's sha256, remembered by path, size and mtime so a restart need not reread it."""
-    stat = path.stat()
-    key = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    memo = memo_dir / hashlib.sha256(key.encode()).hexdigest()
-    if memo.is_file():
-        return memo.read_text().strip()
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for chunk in iter(lambda: file.read(_HASH_CHUNK), b""):
-            digest.update(chunk)
-    memo_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=memo_dir, delete=False) as tmp:
-        tmp.write(digest.hexdigest())
-    os.replace(tmp.name, memo)
-    return digest.hexdigest()
-
-
-def _convert_gguf(gguf: Path, entry: Path) -> tuple[nn.Module, PreTrainedTokenizerBase]:
-    """Dequantize `gguf` into a float32 model, save it (with its tokenizer) at `entry`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    started = time.perf_counter()
-    logger.info("Converting %s (first start: this takes a while; later starts use the cache)", gguf)
-    kwargs = {"gguf_file": gguf.name, "local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    # dequantize=True gives a plain dense model (no quantizer left), which saves as safetensors.
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True), **kwargs
-    )
-    _save_atomically(entry, model, tokenizer)
-    logger.info("Converted %s into %s in %.1f s", gguf.name, entry, time.perf_counter() - started)
-    return model, tokenizer
-
-
-def _save_atomically(
-    entry: Path, model: nn.Module, tokenizer: PreTrainedTokenizerBase
-) -> None:
-    """Write into a temporary sibling and rename it, so `entry` is complete or absent."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
-    try:
-        model.save_pretrained(tmp)  # also writes generation_config.json
-        tokenizer.save_pretrained(tmp)
-        os.rename(tmp, entry)
-    except OSError:
-        if not entry.is_dir():  # not a lost race with another process: a real failure
-            raise
-        logger.info("Another process cached %s first; using its copy", entry)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Forward passes over a Hugging Face causal LM with a slot KV cache: prefill chunks and decode.
+"""Forward passes over a Hugging Face causal LM with a slot KV cache: prefill chunks and decode
+(the shared batcher's `Runner`, loop/runner.py).
 
 Every sequence owns one cache slot. A decode pass runs the rows in slots 0..B-1 with one new token
 each; a prefill pass runs a chunk of prompt tokens for a few sequences, padded to the longest chunk.
@@ -9,12 +10,12 @@ lengths share one batch without any left padding in the cache.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from handlers.engine.torch import row_reductions
+from handlers.engine.loop import row_reductions
+from handlers.engine.loop.runner import PrefillChunk
 from handlers.engine.torch.attention import (
     cpu_cache_dtype,
     use_slot_cache_attention,
@@ -27,14 +28,6 @@ from handlers.engine.torch.llama_stack import LlamaStack
 from handlers.engine.torch.onednn_linear import use_onednn_linears
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PrefillChunk:
-    slot: int
-    token_ids: list[int]  # the chunk's tokens
-    start: int  # position of the chunk's first token
-    all_logits: bool = False  # logits for every chunk position (prompt logprobs), not just the last
 
 
 class ModelRunner:

@@ -13,8 +13,8 @@ from vllm import AsyncEngineArgs, AsyncLLMEngine
 
 from handlers.config import Config, ConfigError, chat_template_text
 from handlers.engine.base import EngineBuild
+from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.engine.hf_tokenizer import HFTokenizer
-from handlers.engine.torch.loader import cached_gguf_dir
 from handlers.engine.vllm.args import engine_kwargs, vllm_fields
 from handlers.engine.vllm.engine import VllmEngine
 from handlers.model_source import resolve_model_source

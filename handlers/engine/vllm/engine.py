@@ -21,8 +21,8 @@ from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+from handlers.engine.grammars import Grammars
 from handlers.engine.hf_tokenizer import HFTokenizer
-from handlers.engine.torch.structured import Grammars
 from handlers.engine.types import (
     EngineFailure,
     GenerationRequest,

@@ -1,4 +1,6 @@
-"""Constrained decoding (structured output) with xgrammar.
+"""Constrained decoding (structured output) with xgrammar, for every engine: the shared batcher
+(loop/) masks and advances grammars itself; vLLM, which constrains its own sampling, compiles
+here only to validate a request.
 
 `Grammars` (one per engine, so per tokenizer) compiles a request's `StructuredOutput` when the
 engine validates it: a bad schema is a clean `RequestValidationError` before admission, and

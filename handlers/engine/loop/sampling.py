@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from handlers.engine.torch import watermark
-from handlers.engine.torch.row_reductions import row_argmax, row_logsumexp
+from handlers.engine.loop import watermark
+from handlers.engine.loop.row_reductions import row_argmax, row_logsumexp
 from handlers.engine.types import RequestValidationError, SamplingParams
 
 _SAMPLING_EPS = 1e-5  # a lower temperature means greedy, as in vLLM

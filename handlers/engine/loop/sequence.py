@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
-from handlers.engine.torch.sampling import SequenceSampler
-from handlers.engine.torch.structured import SequenceGrammar
+from handlers.engine.grammars import SequenceGrammar
+from handlers.engine.loop.sampling import SequenceSampler
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,

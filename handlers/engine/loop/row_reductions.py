@@ -6,7 +6,7 @@ torch's CPU argmax took 1.17 ms over a 32-row step's float32 logits (SmolLM2's 4
 gives torch's indices (the first maximum; the first NaN where a row has one) from the row's
 maximum taken in vector registers and its first place. A log-softmax of every row (0.52 ms) wrote
 all 49,152 log-probs of a row to report one or a few; the log-sum-exp alone is one read of it.
-Built on first use as invariant_attention.cpp is; where it cannot be, torch's ops run, logged.
+Built on first use (native_build.py); where it cannot be, torch's ops run, logged.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from handlers.engine.torch import native_build
+from handlers.engine import native_build
 
 SOURCE = Path(__file__).with_name("row_reductions.cpp")
 

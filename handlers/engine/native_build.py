@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from handlers.engine.torch.machine import cpu_flags
+from handlers.engine.machine import cpu_flags
 from handlers.model_fetch import default_cache_dir
 
 log = logging.getLogger(__name__)

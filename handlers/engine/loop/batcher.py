@@ -1,4 +1,5 @@
-"""Continuous batching: the synchronous `step()` at the heart of the torch engine.
+"""Continuous batching: the synchronous `step()` at the heart of the engines that step in a
+thread (torch, llama.cpp), over the engine's `Runner`.
 
 Each step admits waiting requests while cache slots are free (a prompt that begins as a recent
 one did starts from that one's keys/values: prefix_cache.py), runs one prefill chunk for
@@ -20,11 +21,11 @@ from typing import Any
 import torch
 
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
-from handlers.engine.torch import sampling
-from handlers.engine.torch.model_runner import ModelRunner, PrefillChunk
-from handlers.engine.torch.prefix_cache import PrefixCache
-from handlers.engine.torch.sequence import RequestState, Sequence, make_token
-from handlers.engine.torch.structured import Grammars, mask_logits
+from handlers.engine.grammars import Grammars, mask_logits
+from handlers.engine.loop import sampling
+from handlers.engine.loop.prefix_cache import PrefixCache
+from handlers.engine.loop.runner import PrefillChunk, Runner
+from handlers.engine.loop.sequence import RequestState, Sequence, make_token
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 class ContinuousBatcher:
     def __init__(
         self,
-        runner: ModelRunner,
+        runner: Runner,
         tokenizer: Any,
         eos_token_ids: set[int],
         max_batch_size: int,

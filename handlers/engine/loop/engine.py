@@ -1,0 +1,123 @@
+"""The asyncio engine of the engines that step in a thread: `Engine` (base.py) over an
+`EngineLoop` that steps a continuous batcher over the engine's own forward passes (a `Runner`).
+
+Requests are validated here (in the caller's thread: tokenizing, sampling settings, grammars),
+submitted to the loop's inbox and read back from a queue per request. torch releases the GIL
+inside its kernels (llama.cpp inside its calls), so the event loop keeps serving HTTP while a
+step runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from handlers.engine.hf_tokenizer import HFTokenizer
+from handlers.engine.loop import sampling
+from handlers.engine.loop.batcher import ContinuousBatcher
+from handlers.engine.loop.runner import Runner
+from handlers.engine.loop.thread import EngineLoop
+from handlers.engine.types import (
+    EngineFailure,
+    GenerationRequest,
+    RequestOutput,
+    RequestValidationError,
+    prompt_ids,
+)
+
+
+class Loaded(Protocol):
+    """What an engine loaded besides its weights (the torch loader's and llama.cpp's)."""
+
+    name: str
+    tokenizer: Any  # transformers' (or a PlainTokenizer), with the model's chat template
+    eos_token_ids: set[int]
+    dtype: Any  # a torch dtype, or the name of the weights' type (a GGUF's "q4_1")
+    device: Any  # a torch device
+    max_model_len: int
+
+
+class LoopEngine:
+    """Continuous batching over `new_runner()`'s forward passes (each makes a fresh runner and KV
+    cache: one at the start and one per restart). `loop` runs the steps; it may run in the
+    caller's main thread (`EngineBuild.main_loop`) instead of `start()`'s thread."""
+
+    def __init__(self, loaded: Loaded, new_runner: Callable[[], Runner], *,
+                 max_batch_size: int = 32, max_prefill_tokens: int = 512,
+                 chat_template: str | None = None, stall_timeout: float | None = None,
+                 prefix_cache_bytes: int = 0, on_serve: Callable[[], None] | None = None,
+                 on_stop: Callable[[], None] | None = None) -> None:
+        self.model_name = loaded.name
+        self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
+        self.dtype = str(loaded.dtype).removeprefix("torch.")
+        self.device = loaded.device.type
+        self.max_model_len = loaded.max_model_len
+        self.adapters: tuple[str, ...] = ()  # LoRA adapters are the vllm engine's
+        self.loaded = loaded  # the weights, kept across restarts
+
+        def new_batcher(counters: dict[str, int] | None) -> ContinuousBatcher:
+            return ContinuousBatcher(new_runner(), loaded.tokenizer, loaded.eos_token_ids,
+                                     max_batch_size, max_prefill_tokens, loaded.max_model_len,
+                                     counters, prefix_cache_bytes)
+
+        self.loop = EngineLoop(new_batcher, stall_timeout, on_serve, on_stop)
+        self.vocab_size = self.batcher.runner.vocab_size
+
+    @property
+    def batcher(self) -> ContinuousBatcher:
+        """The loop's batcher (replaced on a restart)."""
+        return self.loop.batcher
+
+    def health(self) -> bool:
+        return self.loop.healthy()
+
+    def validate(self, request: GenerationRequest) -> None:
+        params = request.params
+        if request.adapter is not None:
+            raise RequestValidationError("adapter", f"LoRA adapter {request.adapter!r}: this "
+                                         "engine serves none (the vllm engine serves adapters)")
+        sampling.validate_params(params, self.vocab_size)
+        ids = prompt_ids(request, self.tokenizer.encode, self.max_model_len)
+        if params.num_sequences > self.batcher.max_batch_size:
+            raise RequestValidationError(
+                "best_of" if params.best_of else "n",
+                f"{params.num_sequences} sequences exceed max_rolling_batch_size "
+                f"{self.batcher.max_batch_size}",
+            )
+        if params.structured is not None:  # 1-5 ms for a new schema here, then a cache hit
+            self.batcher.grammars.compile(params.structured)
+        request.prompt_token_ids = ids
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        if request.prompt_token_ids is None:
+            self.validate(request)
+        if not self.health():
+            raise EngineFailure("the engine is not running")
+        sink: asyncio.Queue = asyncio.Queue()
+        self.loop.submit(request, sink)
+        finished = False
+        try:
+            while not finished:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:  # the caller went away (disconnect, cancellation): free the slot
+                self.loop.abort(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.loop.abort(request_id)
+
+    def stats(self) -> dict[str, int]:
+        return self.batcher.stats()
+
+    async def start(self) -> None:
+        """Run the loop in a thread of its own."""
+        self.loop.start()
+
+    async def shutdown(self) -> None:
+        self.loop.stop()
+        await asyncio.to_thread(self.loop.join)

@@ -1,0 +1,56 @@
+"""What the continuous batcher asks of an engine's forward passes: the runner it steps (the
+torch engine's `ModelRunner`, the llama.cpp engine's `LlamaCppRunner`).
+
+Every sequence owns one cache slot. A decode pass runs the rows in slots first_slot.. with one
+new token each; a prefill pass runs a chunk of prompt tokens for a few sequences. Slots move
+(compaction, forking n sequences) through `move` and `swap`; a prompt's first positions are kept
+aside and brought back through the `PrefixStore` methods (prefix_cache.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from handlers.engine.loop.prefix_cache import PrefixStore
+
+
+@dataclass
+class PrefillChunk:
+    slot: int
+    token_ids: list[int]  # the chunk's tokens
+    start: int  # position of the chunk's first token
+    all_logits: bool = False  # logits for every chunk position (prompt logprobs), not just the last
+
+
+class RunnerCache(Protocol):
+    def shrink(self) -> None:
+        """No sequence holds a slot: give back what the running ones grew."""
+
+
+class Runner(PrefixStore, Protocol):
+    vocab_size: int  # the logits' width
+    device: torch.device  # where the logits are
+    cache: RunnerCache
+    # How many prefixes may be kept at once; None: as many as the byte budget holds.
+    prefix_places: int | None
+
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+
+    def prefill(self, chunks: list[PrefillChunk]) -> list[torch.Tensor]:
+        """Per chunk, float32 logits [1, V] (its last position) or [len, V] (`all_logits`)."""
+
+    def decode(self, token_ids: list[int], lengths: list[int], first_slot: int = 0
+               ) -> torch.Tensor:
+        """One token for each row in slots first_slot.., whose `lengths` tokens are cached:
+        float32 logits [B, V]."""
+
+    def move(self, src: int, dst: int, length: int) -> None: ...
+
+    def swap(self, a: int, b: int, a_len: int, b_len: int) -> None: ...
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence ended."""

@@ -1,0 +1,39 @@
+"""What this machine can run: its CPU's instruction sets (the keys of code compiled for it) and
+the device a model loads on. Shared by the engines that run on torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags (/proc/cpuinfo), '' where there is no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return text.split("flags", 1)[-1].split("\n", 1)[0]
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """option.device as a torch device: `auto` is CUDA where present, else the CPU."""
+    import torch  # bench/peers.py reads cpu_flags without paying for torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    target = torch.device(device)
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but CUDA is not available.")
+    return target
+
+
+def has_native_bf16() -> bool:
+    """Whether the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Elsewhere oneDNN still
+    runs bf16 by widening it to float32, slowly, and with roundings that depend on the batch's
+    shape: a row's bf16 logits then change with how many rows run beside it."""
+    flags = cpu_flags().split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
