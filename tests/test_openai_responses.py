@@ -21,7 +21,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from server_process import serving, serving_here
 
-from handlers.protocols.openai.errors import OpenAIError
+from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.openai_responses import ResponseStore, Stored
 from handlers.protocols.openai_responses.items import chat_messages
 from handlers.protocols.openai_responses.prepare import ITEMS

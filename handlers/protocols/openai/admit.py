@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from handlers.engine.base import Engine
 from handlers.engine.types import GenerationRequest, RequestValidationError
-from handlers.protocols.openai.errors import OpenAIError
-from handlers.protocols.openai.requests import GenerationFields
+from handlers.protocols.chat.errors import OpenAIError
+from handlers.protocols.chat.requests import GenerationFields
 
 
 def admit(engine: Engine, gen: GenerationRequest, request: GenerationFields,

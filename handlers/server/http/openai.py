@@ -19,20 +19,18 @@ from starlette.responses import Response
 
 from handlers.engine.base import Engine, Pair
 from handlers.engine.types import GenerationRequest, RequestOutput
+from handlers.protocols.chat.errors import OpenAIError, generation_failed, not_a_text_model
+from handlers.protocols.chat.requests import GenerationFields
 from handlers.protocols.errors import ErrorKind, GenerationError
 from handlers.protocols.openai import (
     ChatStream,
     CompletionStream,
-    OpenAIError,
     admit,
-    generation_failed,
-    not_a_text_model,
     prepare_chat,
     prepare_completion,
     render_chat_completion,
     render_completion,
 )
-from handlers.protocols.openai.requests import GenerationFields
 from handlers.protocols.outputs import Event, Folded, output_failure
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply, StreamReply

@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from handlers.engine.base import Engine, Pair
+from handlers.protocols.chat.errors import OpenAIError, generation_failed, not_a_text_model
 from handlers.protocols.errors import GenerationError
-from handlers.protocols.openai import OpenAIError, admit, generation_failed, not_a_text_model
+from handlers.protocols.openai import admit
 from handlers.protocols.openai_responses import (
     ResponsesJob,
     ResponsesStream,
