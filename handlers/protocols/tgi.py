@@ -23,8 +23,8 @@ from handlers.engine.types import GenerationRequest, SamplingParams, StructuredO
 from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.lmi.formatters import END_TOKEN, token_dict, top_dicts
 from handlers.protocols.outputs import Event, Folded, FoldedSequence
+from handlers.protocols.token_objects import END_TOKEN, token_dict, top_dicts
 
 MAX_BEST_OF = 2
 MAX_STOP_SEQUENCES = 4

@@ -15,14 +15,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from handlers.engine.base import Engine, Pair
-from handlers.protocols.errors import ErrorKind, GenerationError
+from handlers.protocols.errors import ErrorKind, GenerationError, KServeError
 from handlers.protocols.generate import (
     GenerateRenderer,
     error_event,
     generation_request,
     parse_generate_request,
 )
-from handlers.protocols.kserve_v2 import KServeError, check_version
+from handlers.protocols.kserve_v2 import check_version
 from handlers.protocols.outputs import Event, output_failure
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply, StreamReply
