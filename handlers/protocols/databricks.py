@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.protocols.openai import OpenAIError
+from handlers.protocols.chat.errors import OpenAIError
 
 # The body key that names each task, in the order a body is tried.
 TASK_KEYS = {"messages": "chat", "prompt": "completions", "input": "embeddings"}

@@ -1,5 +1,7 @@
 """Errors in protocol-neutral kinds. A protocol's error class says what went wrong and renders
-its own body; which status a kind gets is the wire's business (handlers/server/status.py)."""
+its own body; which status a kind gets is the wire's business (handlers/server/status.py). The
+one body several protocols share, KServe's and Triton's, is here; OpenAI's, which every
+chat-shaped protocol answers with, is handlers/protocols/chat/errors.py."""
 
 from __future__ import annotations
 
@@ -30,6 +32,18 @@ class ProtocolError(Exception):
     def payload(self, status: int) -> Any:
         """The error body, as a plain object, for a wire status."""
         raise NotImplementedError
+
+
+class KServeError(ProtocolError):
+    """The error body of KServe's V1 and V2 and of Triton's generate extension:
+    `{"error": "<message>"}`."""
+
+    def payload(self, status: int) -> dict[str, Any]:
+        return {"error": self.message}
+
+    @classmethod
+    def of(cls, error: GenerationError) -> KServeError:
+        return cls(error.message, error.kind)
 
 
 class GenerationError(Exception):

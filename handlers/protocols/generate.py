@@ -25,10 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from handlers.engine.base import Pair
 from handlers.engine.types import GenerationRequest, RequestOutput, SamplingParams
 from handlers.protocols.bodies import parse_body
-from handlers.protocols.errors import GenerationError
-from handlers.protocols.kserve_v2 import KServeError
-from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
+from handlers.protocols.errors import GenerationError, KServeError
 from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.protocols.parameters import LmiParameters, to_sampling_params
 
 UINT64 = 2**64 - 1
 INT32 = 2**31 - 1

@@ -15,9 +15,8 @@ from pydantic import ValidationError
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.bodies import describe_errors
 from handlers.protocols.checks import naming
-from handlers.protocols.errors import ErrorKind
-from handlers.protocols.kserve_v2 import KServeError
-from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
+from handlers.protocols.errors import ErrorKind, KServeError
+from handlers.protocols.parameters import LmiParameters, to_sampling_params
 
 PROMPT_KEYS = ("text", "prompt", "inputs")
 

@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.bodies import describe_errors, parse_body
 from handlers.protocols.checks import naming
-from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.lmi.request import LmiParameters, to_sampling_params
+from handlers.protocols.errors import ErrorKind, KServeError
+from handlers.protocols.parameters import LmiParameters, to_sampling_params
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
@@ -34,17 +34,6 @@ _LENGTH = struct.Struct("<I")
 # Parameters Triton's clients reserve for the server (not generation parameters).
 _SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 _RESERVED = frozenset({*_SEQUENCE, "priority", "timeout", "binary_data_output", "headers"})
-
-
-class KServeError(ProtocolError):
-    """The error body of KServe's V1 and V2 and of Triton: `{"error": "<message>"}`."""
-
-    def payload(self, status: int) -> dict[str, Any]:
-        return {"error": self.message}
-
-    @classmethod
-    def of(cls, error: GenerationError) -> KServeError:
-        return cls(error.message, error.kind)
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.checks import Checks, with_max_new_tokens
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.lmi.formatters import END_TOKEN, token_dict, top_dicts
 from handlers.protocols.outputs import Event, Folded, FoldedSequence, Renderer, raise_failure
+from handlers.protocols.token_objects import END_TOKEN, token_dict, top_dicts
 
 MAX_BEST_OF = 2
 MAX_STOP_SEQUENCES = 4

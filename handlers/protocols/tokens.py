@@ -17,10 +17,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.engine.base import Tokenizer
-from handlers.protocols.openai.chat_prompt import render_chat_prompt
-from handlers.protocols.openai.errors import OpenAIError, validate_body
-from handlers.protocols.openai.prepare import check_model
-from handlers.protocols.openai.requests import (
+from handlers.protocols.chat.errors import OpenAIError, check_model, validate_body
+from handlers.protocols.chat.prompt import render_chat_prompt
+from handlers.protocols.chat.requests import (
     MAX_TOOLS,
     ChatCompletionRequest,
     ChatMessage,

@@ -20,7 +20,7 @@ from server_process import free_port
 from handlers import cli
 from handlers.config import check_effects, load_config, parse_args
 from handlers.engine import registry
-from handlers.protocols.openai.chat_prompt import render_chat_prompt
+from handlers.protocols.chat.prompt import render_chat_prompt
 from handlers.protocols.openai.parse import parse_chat_request
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings

@@ -25,7 +25,7 @@ from handlers.engine.types import (
     Token,
 )
 from handlers.protocols.anthropic.render import MessageContext, MessageStream
-from handlers.protocols.openai.chat_render import ChatOptions
+from handlers.protocols.chat.answer import ChatOptions
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ from fakes import FakeEngine, served_app
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from handlers.protocols.openai.errors import OpenAIError
+from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.openai_responses import ResponseStore, Stored
 from handlers.protocols.openai_responses.items import chat_messages
 from handlers.protocols.openai_responses.prepare import ITEMS

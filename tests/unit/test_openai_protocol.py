@@ -21,27 +21,25 @@ from handlers.engine.types import (
     Token,
     TopToken,
 )
+from handlers.protocols.chat.admit import engine_refusal, fit_to_context
+from handlers.protocols.chat.answer import ChatOptions, ResponseContext, ToolExtractor
+from handlers.protocols.chat.errors import OpenAIError
+from handlers.protocols.chat.structured import (
+    MAX_PARALLEL_CALLS,
+    required_calls_schema,
+    structured_output,
+)
+from handlers.protocols.chat.tool_calls import ToolCallParser, format_call
 from handlers.protocols.openai import (
-    ChatOptions,
     ChatStream,
     CompletionOptions,
     CompletionStream,
-    OpenAIError,
-    ResponseContext,
     prepare_chat,
     prepare_completion,
     render_chat_completion,
     render_completion,
 )
-from handlers.protocols.openai.admit import engine_refusal, fit_to_context
-from handlers.protocols.openai.chat_render import ToolExtractor
 from handlers.protocols.openai.parse import parse_chat_request, parse_completion_request
-from handlers.protocols.openai.structured import (
-    MAX_PARALLEL_CALLS,
-    required_calls_schema,
-    structured_output,
-)
-from handlers.protocols.openai.tool_calls import ToolCallParser, format_call
 from handlers.protocols.outputs import Folded
 from handlers.server.status import HTTP
 

@@ -1,9 +1,9 @@
 """Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`).
 
 Modules: `requests` (pydantic models), `prepare` (body -> a chat request rendered through the
-chat completions' machinery -> the engine request), `render` (message objects and stream events,
-pure), `events` (its checks and stream renderer for the driver), `errors` (Anthropic's error
-shape).
+chat machinery, handlers/protocols/chat/ -> the engine request), `render` (message objects and
+stream events, pure), `events` (its checks and stream renderer for the driver), `errors`
+(Anthropic's error shape).
 """
 
 from handlers.protocols.anthropic.errors import (

@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.openai.errors import OpenAIError
 from handlers.protocols.outputs import Failure
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -57,7 +57,8 @@ def generation_failed(failure: Failure | GenerationError) -> AnthropicError:
 
 @contextmanager
 def in_anthropic_terms() -> Iterator[None]:
-    """The chat machinery's refusals (OpenAIError), reused here, as Anthropic's errors."""
+    """The chat machinery's refusals (OpenAIError, handlers/protocols/chat/), as Anthropic's
+    errors."""
     try:
         yield
     except OpenAIError as exc:

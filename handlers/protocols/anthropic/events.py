@@ -14,10 +14,10 @@ from handlers.protocols.anthropic.errors import (
     in_anthropic_terms,
 )
 from handlers.protocols.anthropic.render import MessageContext, MessageStream
+from handlers.protocols.chat.admit import checks as chat_checks
+from handlers.protocols.chat.requests import GenerationFields
 from handlers.protocols.checks import Checks
 from handlers.protocols.errors import ErrorKind, GenerationError
-from handlers.protocols.openai.admit import checks as chat_checks
-from handlers.protocols.openai.requests import GenerationFields
 from handlers.protocols.outputs import Event, Renderer, raise_failure
 
 

@@ -35,11 +35,11 @@ from handlers.protocols.anthropic.requests import (
     ToolUseBlockParam,
 )
 from handlers.protocols.bodies import parse_body
-from handlers.protocols.openai.chat_prompt import render_chat_prompt
-from handlers.protocols.openai.chat_render import ChatOptions
-from handlers.protocols.openai.params import chat_sampling_params
-from handlers.protocols.openai.requests import MAX_STOP_CHARS, ChatCompletionRequest
-from handlers.protocols.openai.structured import structured_output
+from handlers.protocols.chat.answer import ChatOptions
+from handlers.protocols.chat.params import chat_sampling_params
+from handlers.protocols.chat.prompt import render_chat_prompt
+from handlers.protocols.chat.requests import MAX_STOP_CHARS, ChatCompletionRequest
+from handlers.protocols.chat.structured import structured_output
 
 R = TypeVar("R", bound=CountTokensRequest)
 

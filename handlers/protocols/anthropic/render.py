@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.engine.types import FinishReason, RequestOutput, SequenceOutput
-from handlers.protocols.openai.chat_render import ChatOptions, ToolExtractor
-from handlers.protocols.openai.tool_calls import ParsedCall
+from handlers.protocols.chat.answer import ChatOptions, ToolExtractor
+from handlers.protocols.chat.tool_calls import ParsedCall
 from handlers.protocols.outputs import Folded
 
 

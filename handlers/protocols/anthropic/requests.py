@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.protocols.openai.requests import MAX_TOOLS, StopString
+from handlers.protocols.chat.requests import MAX_TOOLS, StopString
 
 VERSION_HEADER = "anthropic-version"  # every Anthropic SDK sends it: the request is Anthropic's
 

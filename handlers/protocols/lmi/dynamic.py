@@ -20,8 +20,9 @@ from handlers.engine.types import GenerationRequest, RequestOutput, RequestValid
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.checks import Checks
 from handlers.protocols.errors import GenerationError, ProtocolError
-from handlers.protocols.lmi.request import NOT_AN_OBJECT, LmiParameters, to_sampling_params
+from handlers.protocols.lmi.request import NOT_AN_OBJECT
 from handlers.protocols.outputs import Event, Failure, Folded, output_failure
+from handlers.protocols.parameters import LmiParameters, to_sampling_params
 
 HANDLER_FAILURE = "invoke handler failure"
 

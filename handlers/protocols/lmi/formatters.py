@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from handlers.engine.types import RequestOutput, Token, TopToken
+from handlers.engine.types import RequestOutput, Token
 from handlers.protocols.lmi.errors import LmiError, LmiFailure
 from handlers.protocols.lmi.request import LmiRequest
 from handlers.protocols.outputs import FAILED, Event, Folded, FoldedSequence, output_failure
+from handlers.protocols.token_objects import END_TOKEN, token_dict, top_dicts
 
 
 class StreamStyle(Enum):
@@ -71,27 +72,6 @@ class RenderOptions:
 
     def generated_text(self, seq: FoldedSequence) -> str:
         return self.inputs + seq.text if self.return_full_text else seq.text
-
-
-def token_dict(token: Token, tgi: bool) -> dict[str, Any]:
-    """LMI: `special_token` only when true (as DJL); TGI: `special` always (as TGI)."""
-    if tgi:
-        return {
-            "id": token.id, "text": token.text, "logprob": token.logprob, "special": token.special
-        }
-    out: dict[str, Any] = {"id": token.id, "text": token.text, "log_prob": token.logprob}
-    if token.special:
-        out["special_token"] = True
-    return out
-
-
-def top_dicts(token: Token, tgi: bool) -> list[dict[str, Any]]:
-    key = "logprob" if tgi else "log_prob"
-    return [_top_dict(top, key) for top in token.top]
-
-
-def _top_dict(top: TopToken, key: str) -> dict[str, Any]:
-    return {"id": top.id, "text": top.text, key: top.logprob}
 
 
 def details_dict(
@@ -150,8 +130,6 @@ def early_failure(output: RequestOutput) -> LmiFailure | None:
     return LmiFailure(failure.message, failure.kind)
 
 
-# Stands in for the last token when a sequence finishes in a step that released none.
-END_TOKEN = Token(id=-1, text="", logprob=None, special=True)
 _ERROR_TOKEN = Token(id=-1, text="", logprob=-1, special=True)
 _ERROR_DETAILS = {"finish_reason": "error", "generated_tokens": None, "inputs": None}
 

@@ -1,25 +1,14 @@
-"""What every OpenAI answer shares: its context, finish reasons, usage, the streamed chunk's
+"""What every OpenAI answer shares: finish reasons, usage, the streamed chunk's
 envelope, and choices ranked from a folded request (handlers/protocols/outputs.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from handlers.engine.types import FinishReason
-from handlers.protocols.openai.logprobs import TokenText
+from handlers.protocols.chat.answer import ResponseContext
 from handlers.protocols.outputs import Folded, FoldedSequence
-
-
-@dataclass(frozen=True)
-class ResponseContext:
-    """What every object of one answer repeats, and how to spell a token id."""
-
-    id: str
-    created: int
-    model: str
-    token_text: TokenText
 
 
 def finish_reason(reason: FinishReason | None, tool_calls: bool = False) -> str | None:

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.engine.types import RequestOutput, SequenceOutput
+from handlers.protocols.chat.answer import ChatOptions, ResponseContext, ToolExtractor
+from handlers.protocols.chat.logprobs import chat_logprobs
+from handlers.protocols.chat.tool_calls import ParsedCall
 from handlers.protocols.openai.accumulate import (
-    ResponseContext,
     add_final_usage,
     completion_tokens,
     finish_reason,
@@ -29,80 +31,7 @@ from handlers.protocols.openai.accumulate import (
     timings_ms,
     usage,
 )
-from handlers.protocols.openai.chat_prompt import echoed_text
-from handlers.protocols.openai.logprobs import chat_logprobs
-from handlers.protocols.openai.requests import ChatCompletionRequest, NamedToolChoice
-from handlers.protocols.openai.tool_calls import (
-    ParsedCall,
-    ToolCallParser,
-    arguments_call,
-    parse_calls_json,
-)
 from handlers.protocols.outputs import Folded, FoldedSequence
-
-
-@dataclass(frozen=True)
-class ChatOptions:
-    n: int = 1
-    logprobs: bool = False
-    top_logprobs: int = 0
-    tool_mode: str = "none"  # none | auto | named | required
-    tool_names: frozenset[str] = frozenset()
-    include_usage: bool = False
-    full_text: bool = False
-    echo_text: str = ""  # `echo`: the assistant message the answer continues
-
-    @classmethod
-    def for_request(cls, request: ChatCompletionRequest, full_text_enabled: bool) -> ChatOptions:
-        choice = request.tool_choice
-        names = frozenset(t.function.name for t in request.tools or [])
-        if isinstance(choice, NamedToolChoice):
-            mode, names = "named", frozenset([choice.function.name])
-        elif not names or choice == "none":
-            mode = "none"
-        else:
-            mode = "required" if choice == "required" else "auto"
-        return cls(
-            n=request.n,
-            logprobs=bool(request.logprobs),
-            top_logprobs=request.top_logprobs or 0,
-            tool_mode=mode,
-            tool_names=names,
-            include_usage=bool(request.stream_options and request.stream_options.include_usage),
-            full_text=full_text_enabled,
-            echo_text=echoed_text(request),
-        )
-
-
-class ToolExtractor:
-    """Splits one choice's streamed text into content and tool calls, by `tool_mode`: auto
-    parses the text format in `tool_calls`; a forced call's (constrained) output is JSON, held
-    to the end: the named function's arguments, or a list of calls for `required`."""
-
-    def __init__(self, opts: ChatOptions) -> None:
-        self.mode = opts.tool_mode
-        self.names = set(opts.tool_names)
-        self.parser = ToolCallParser(self.names) if self.mode == "auto" else None
-        self.held = ""
-
-    def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
-        if self.parser is not None:
-            return self.parser.feed(text)
-        if self.mode == "none":
-            return text, []
-        self.held += text
-        return "", []
-
-    def finish(self) -> tuple[str, list[ParsedCall]]:
-        if self.parser is not None:
-            return self.parser.finish()
-        if self.mode == "named":
-            call = arguments_call(next(iter(self.names)), self.held)
-            return ("", [call]) if call else (self.held, [])
-        if self.mode == "required":
-            calls = parse_calls_json(self.held, self.names)
-            return ("", calls) if calls else (self.held, [])
-        return "", []
 
 
 def tool_call(call: ParsedCall) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.engine.types import RequestOutput, SequenceOutput
+from handlers.protocols.chat.answer import ResponseContext
 from handlers.protocols.openai.accumulate import (
-    ResponseContext,
     add_final_usage,
     completion_tokens,
     finish_reason,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from handlers.protocols.openai.errors import OpenAIError, validate_body
+from handlers.protocols.chat.errors import OpenAIError, validate_body
 
 
 class EmbeddingRequest(BaseModel):

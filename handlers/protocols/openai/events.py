@@ -8,11 +8,11 @@ from typing import Any
 
 from handlers.engine.base import Pair
 from handlers.engine.types import RequestOutput
+from handlers.protocols.chat.answer import ChatOptions, ResponseContext
+from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.errors import ErrorKind, GenerationError
-from handlers.protocols.openai.accumulate import ResponseContext
-from handlers.protocols.openai.chat_render import ChatOptions, ChatStream
+from handlers.protocols.openai.chat_render import ChatStream
 from handlers.protocols.openai.completion_render import CompletionOptions, CompletionStream
-from handlers.protocols.openai.errors import OpenAIError
 from handlers.protocols.outputs import Event, Renderer, raise_failure
 
 Chunks = Callable[[int, RequestOutput], list[dict[str, Any]]]  # (prompt index, output) -> chunks

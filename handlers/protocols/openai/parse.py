@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.protocols.openai.errors import OpenAIError, validate_body
-from handlers.protocols.openai.requests import (
+from handlers.protocols.chat.errors import OpenAIError, validate_body
+from handlers.protocols.chat.requests import (
     MAX_STOP_CHARS,
     ChatCompletionRequest,
-    CompletionRequest,
     GenerationFields,
     NamedToolChoice,
 )
+from handlers.protocols.openai.requests import CompletionRequest
 
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:

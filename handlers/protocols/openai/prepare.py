@@ -12,18 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.engine.base import Tokenizer
-from handlers.engine.types import GenerationRequest
-from handlers.protocols.adapters import UnknownAdapter, adapter_named
-from handlers.protocols.openai.accumulate import ResponseContext
-from handlers.protocols.openai.chat_prompt import render_chat_prompt
-from handlers.protocols.openai.chat_render import ChatOptions
+from handlers.engine.types import GenerationRequest, SamplingParams
+from handlers.protocols.chat.answer import ChatOptions, ResponseContext
+from handlers.protocols.chat.errors import OpenAIError, check_model
+from handlers.protocols.chat.logprobs import token_text_of
+from handlers.protocols.chat.params import chat_sampling_params, sampling_params
+from handlers.protocols.chat.prompt import render_chat_prompt
+from handlers.protocols.chat.requests import ChatCompletionRequest
+from handlers.protocols.chat.structured import structured_output
 from handlers.protocols.openai.completion_render import CompletionOptions
-from handlers.protocols.openai.errors import OpenAIError, model_not_found
-from handlers.protocols.openai.logprobs import TokenText
-from handlers.protocols.openai.params import chat_sampling_params, completion_sampling_params
 from handlers.protocols.openai.parse import parse_chat_request, parse_completion_request
-from handlers.protocols.openai.requests import ChatCompletionRequest, CompletionRequest
-from handlers.protocols.openai.structured import structured_output
+from handlers.protocols.openai.requests import CompletionRequest
 
 
 @dataclass
@@ -68,14 +67,13 @@ def prepare_completion(body: Any, tokenizer: Tokenizer, model: str,
     return CompletionJob(request, gens, context, options)
 
 
-def check_model(requested: str | None, served: str, adapters: Sequence[str] = ()
-                ) -> str | None:
-    """The LoRA adapter `model` names (None: the served model, as when it is absent); 404 for
-    any other model. The answer's `model` echoes the adapter, as vLLM's does."""
-    try:
-        return adapter_named(requested, served, adapters)
-    except UnknownAdapter:
-        raise model_not_found(requested, served, adapters) from None
+def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
+    return sampling_params(
+        request,
+        top_logprobs=request.logprobs or 0,
+        prompt_logprobs=bool(request.echo) and request.logprobs is not None,
+        best_of=request.best_of,
+    )
 
 
 def prompt_list(prompt: str | list[Any], tokenizer: Tokenizer
@@ -95,10 +93,3 @@ def prompt_list(prompt: str | list[Any], tokenizer: Tokenizer
             raise OpenAIError(f"{where}: {what}", where, code="invalid_value")
         out.append((tokenizer.decode(ids, skip_special_tokens=False), list(ids)))
     return out
-
-
-def token_text_of(tokenizer: Tokenizer) -> TokenText:
-    def token_text(token_id: int) -> str:
-        return tokenizer.decode([token_id], skip_special_tokens=False)
-
-    return token_text

@@ -1,10 +1,9 @@
 """OpenAI's Responses API (`POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}`), over the
-chat route's machinery: input items become chat messages (`items`), the request a chat request
-(`prepare`: the same template, tool prompt, sampling and constrained decoding), and the
-engine's outputs response objects and stream events (`render`, and `events`: the driver's
-renderer); `store` keeps responses for
-retrieval and `previous_response_id`. `requests` / `parse` validate the body and refuse what
-this server cannot do by field.
+chat machinery (handlers/protocols/chat/): input items become chat messages (`items`), the
+request a chat request (`prepare`: the same template, tool prompt, sampling and constrained
+decoding), and the engine's outputs response objects and stream events (`render`, and `events`:
+the driver's renderer); `store` keeps responses for retrieval and `previous_response_id`.
+`requests` / `parse` validate the body and refuse what this server cannot do by field.
 """
 
 from handlers.protocols.openai_responses.events import ResponsesEvents

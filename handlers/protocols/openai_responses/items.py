@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from handlers.protocols.openai.errors import OpenAIError
+from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.openai_responses.requests import (
     FunctionCallItem,
     FunctionCallOutputItem,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.protocols.openai.errors import OpenAIError, validate_body
+from handlers.protocols.chat.errors import OpenAIError, validate_body
 from handlers.protocols.openai_responses.requests import (
     INCLUDABLE,
     FunctionTool,

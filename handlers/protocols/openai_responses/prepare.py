@@ -18,14 +18,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from handlers.engine.base import Tokenizer
 from handlers.engine.types import GenerationRequest, StructuredOutput
-from handlers.protocols.openai.accumulate import ResponseContext
-from handlers.protocols.openai.chat_prompt import render_chat_prompt
-from handlers.protocols.openai.chat_render import ChatOptions
-from handlers.protocols.openai.errors import OpenAIError, from_validation_error
-from handlers.protocols.openai.params import chat_sampling_params
-from handlers.protocols.openai.prepare import check_model, token_text_of
-from handlers.protocols.openai.requests import ChatCompletionRequest
-from handlers.protocols.openai.structured import structured_output
+from handlers.protocols.chat.answer import ChatOptions, ResponseContext
+from handlers.protocols.chat.errors import OpenAIError, check_model, from_validation_error
+from handlers.protocols.chat.logprobs import token_text_of
+from handlers.protocols.chat.params import chat_sampling_params
+from handlers.protocols.chat.prompt import render_chat_prompt
+from handlers.protocols.chat.requests import ChatCompletionRequest
+from handlers.protocols.chat.structured import structured_output
 from handlers.protocols.openai_responses.items import Item, chat_messages
 from handlers.protocols.openai_responses.parse import parse_request
 from handlers.protocols.openai_responses.render import ResponseOptions

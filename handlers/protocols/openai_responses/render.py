@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.engine.types import FinishReason, Token
-from handlers.protocols.openai.accumulate import ResponseContext
-from handlers.protocols.openai.chat_render import ChatOptions, ToolExtractor
-from handlers.protocols.openai.logprobs import chat_logprobs
-from handlers.protocols.openai.tool_calls import ParsedCall, arguments_call
+from handlers.protocols.chat.answer import ChatOptions, ResponseContext, ToolExtractor
+from handlers.protocols.chat.logprobs import chat_logprobs
+from handlers.protocols.chat.tool_calls import ParsedCall, arguments_call
 from handlers.protocols.outputs import FoldedSequence
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from handlers.protocols.openai.requests import (
+from handlers.protocols.chat.requests import (
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
     Penalty,
@@ -75,7 +75,7 @@ class OtherInputItem(_Lenient):
 def _item_kind(value: Any) -> str:
     kind = value.get("type", "message" if "role" in value else None) \
         if isinstance(value, dict) else getattr(value, "type", None)
-    # Tags are CamelCase so that error paths leave them out (errors.param_path).
+    # Tags are CamelCase so that error paths leave them out (chat/errors.py, param_path).
     return {"message": "Message", "function_call": "FunctionCall",
             "function_call_output": "FunctionCallOutput"}.get(kind, "Other")
 

@@ -12,8 +12,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.errors import ErrorKind
-from handlers.protocols.openai.errors import OpenAIError
 
 STORE_CAPACITY = 1000
 

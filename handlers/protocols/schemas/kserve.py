@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from handlers.protocols.lmi.request import LmiParameters
+from handlers.protocols.parameters import LmiParameters
 from handlers.protocols.schemas.common import Open
 
 

@@ -20,10 +20,10 @@ from tritonclient.grpc import service_pb2_grpc
 from handlers.engine.base import Pair
 from handlers.engine.types import RequestOutput
 from handlers.protocols import kserve_v2
-from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.kserve_v2 import KServeError, Tensor
-from handlers.protocols.lmi.request import LmiParameters
+from handlers.protocols.errors import ErrorKind, GenerationError, KServeError, ProtocolError
+from handlers.protocols.kserve_v2 import Tensor
 from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.protocols.parameters import LmiParameters
 from handlers.server import generation as driver
 from handlers.server.context import Served, ServerContext
 from handlers.server.generation import Generation

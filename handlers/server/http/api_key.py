@@ -11,8 +11,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from handlers.protocols.anthropic import VERSION_HEADER, error_body
-from handlers.protocols.kserve_v2 import KServeError
-from handlers.protocols.openai import OpenAIError
+from handlers.protocols.chat.errors import OpenAIError
+from handlers.protocols.errors import KServeError
 from handlers.server.api_key import UNAUTHORIZED, ApiKey
 from handlers.server.framing import Reply
 from handlers.server.http.responses import json_response

@@ -10,8 +10,8 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from handlers.protocols.chat.errors import model_not_found
 from handlers.protocols.databricks import check_endpoint_task, task_key
-from handlers.protocols.openai import model_not_found
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, error_reply
 from handlers.server.http.guard import guarded

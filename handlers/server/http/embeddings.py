@@ -12,8 +12,8 @@ from starlette.responses import Response
 
 from handlers.engine.base import Embedder
 from handlers.engine.types import RequestValidationError
+from handlers.protocols.chat.errors import OpenAIError, model_not_found
 from handlers.protocols.errors import ErrorKind
-from handlers.protocols.openai import OpenAIError, model_not_found
 from handlers.protocols.openai.embeddings import parse_embedding_request, render_embeddings
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply

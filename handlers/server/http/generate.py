@@ -14,9 +14,9 @@ from starlette.responses import Response
 
 from handlers.engine.base import Engine
 from handlers.protocols.checks import naming
-from handlers.protocols.errors import ErrorKind
+from handlers.protocols.errors import ErrorKind, KServeError
 from handlers.protocols.generate import GenerateRenderer, generation_request, parse_generate_request
-from handlers.protocols.kserve_v2 import KServeError, check_version
+from handlers.protocols.kserve_v2 import check_version
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply

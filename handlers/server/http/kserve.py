@@ -16,8 +16,7 @@ from starlette.responses import Response
 
 from handlers.engine.types import RequestValidationError
 from handlers.protocols import kserve_v1, kserve_v2
-from handlers.protocols.errors import ErrorKind
-from handlers.protocols.kserve_v2 import KServeError
+from handlers.protocols.errors import ErrorKind, KServeError
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply

@@ -17,19 +17,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from handlers.engine.base import Engine
+from handlers.protocols.chat.admit import checks
+from handlers.protocols.chat.errors import OpenAIError, generation_failed, not_a_text_model
+from handlers.protocols.chat.requests import GenerationFields
 from handlers.protocols.openai import (
-    OpenAIError,
     chat_events,
-    checks,
     completion_events,
-    generation_failed,
-    not_a_text_model,
     prepare_chat,
     prepare_completion,
     render_chat_completion,
     render_completion,
 )
-from handlers.protocols.openai.requests import GenerationFields
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply

@@ -18,12 +18,13 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, TypeAdapter
 
 from handlers.protocols.anthropic.requests import CountTokensRequest, MessagesRequest
+from handlers.protocols.chat.requests import ChatCompletionRequest
 from handlers.protocols.generate import GenerateRequest
 from handlers.protocols.kserve_v2 import RestInferRequest
 from handlers.protocols.lmi.dynamic import DynamicRequest
 from handlers.protocols.lmi.request import LmiRequest
 from handlers.protocols.openai.embeddings import EmbeddingRequest
-from handlers.protocols.openai.requests import ChatCompletionRequest, CompletionRequest
+from handlers.protocols.openai.requests import CompletionRequest
 from handlers.protocols.openai_responses import ResponsesRequest
 from handlers.protocols.schemas.anthropic import (
     AnthropicErrorBody,

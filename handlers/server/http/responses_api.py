@@ -19,7 +19,8 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from handlers.protocols.openai import OpenAIError, checks, not_a_text_model
+from handlers.protocols.chat.admit import checks
+from handlers.protocols.chat.errors import OpenAIError, not_a_text_model
 from handlers.protocols.openai_responses import (
     ResponsesEvents,
     ResponsesJob,

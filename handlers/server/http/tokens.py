@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from handlers.engine.base import Engine
-from handlers.protocols.openai import not_a_text_model
+from handlers.protocols.chat.errors import not_a_text_model
 from handlers.protocols.tokens import detokenize, tokenize
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply

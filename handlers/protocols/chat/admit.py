@@ -1,5 +1,6 @@
-"""What OpenAI adds to the engine's checks of a request (`checks`): its refusals name OpenAI's
-fields, and the output length is fitted to the context once the prompt is tokenized.
+"""What a chat-shaped request adds to the engine's checks (`checks`): refusals name the chat
+request's fields (in OpenAI's error shape, which Anthropic's and the Responses API's wrappers
+convert), and the output length is fitted to the context once the prompt is tokenized.
 
 Output length: `max_tokens` / `max_completion_tokens`, where null means "up to the context". A
 cap the context cannot hold is refused, or, with Databricks' `error_behavior: truncate`, lowered
@@ -12,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.protocols.chat.errors import OpenAIError
+from handlers.protocols.chat.requests import GenerationFields
 from handlers.protocols.checks import Checks, with_max_new_tokens
-from handlers.protocols.openai.errors import OpenAIError
-from handlers.protocols.openai.requests import GenerationFields
 
 
 def checks(request: GenerationFields, prompt_field: Callable[[int], str]) -> Checks:

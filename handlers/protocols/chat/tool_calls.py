@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.protocols.openai.requests import ToolCall
+from handlers.protocols.chat.requests import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

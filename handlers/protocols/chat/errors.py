@@ -1,4 +1,7 @@
-"""OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`.
+"""OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`, which every
+OpenAI-compatible protocol here answers with (chat and completions, the Responses API,
+Databricks' endpoints, vLLM's tokenizer endpoints) and the chat machinery raises (Anthropic turns
+it into its own).
 
 `param` names the offending field as OpenAI spells it (`messages[1].role`, `top_p`); `code` is
 OpenAI's string code where it has one (`model_not_found`, `context_length_exceeded`,
@@ -12,6 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.outputs import Failure
 
@@ -52,6 +56,16 @@ def model_not_found(model: str, served: str, adapters: Sequence[str] = ()) -> Op
     also = f" and its LoRA adapters {', '.join(adapters)}" if adapters else ""
     return OpenAIError(f"The model '{model}' does not exist; this server serves '{served}'"
                        f"{also}.", "model", ErrorKind.NOT_FOUND, "model_not_found")
+
+
+def check_model(requested: str | None, served: str, adapters: Sequence[str] = ()
+                ) -> str | None:
+    """The LoRA adapter `model` names (None: the served model, as when it is absent); 404 for
+    any other model. The answer's `model` echoes the adapter, as vLLM's does."""
+    try:
+        return adapter_named(requested, served, adapters)
+    except UnknownAdapter:
+        raise model_not_found(requested, served, adapters) from None
 
 
 def not_a_text_model(model: str) -> OpenAIError:

@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from handlers.engine.types import StructuredOutput
-from handlers.protocols.openai.requests import (
+from handlers.protocols.chat.requests import (
     ChatCompletionRequest,
     NamedToolChoice,
     ResponseFormat,

@@ -18,9 +18,9 @@ import jinja2
 import jinja2.meta
 
 from handlers.engine.base import Tokenizer
-from handlers.protocols.openai import tool_calls
-from handlers.protocols.openai.errors import OpenAIError
-from handlers.protocols.openai.requests import ChatCompletionRequest, ChatMessage
+from handlers.protocols.chat import tool_calls
+from handlers.protocols.chat.errors import OpenAIError
+from handlers.protocols.chat.requests import ChatCompletionRequest, ChatMessage
 
 MEDIA_PARTS = frozenset({"image_url", "input_image", "image", "video_url", "video", "audio_url",
                          "input_audio", "audio", "file"})

@@ -1,17 +1,14 @@
-"""OpenAI requests -> the engine's `SamplingParams`.
+"""Chat requests (and OpenAI's completions, which share their fields) -> the engine's
+`SamplingParams`.
 
 OpenAI samples by default (temperature 1); temperature 0 is greedy. `top_k` -1 or 0 is off.
-The output length is set at admission (`admit.checks`), once the prompt is tokenized.
+The output length is set at admission (`chat.admit.checks`), once the prompt is tokenized.
 """
 
 from __future__ import annotations
 
 from handlers.engine.types import SamplingParams, StructuredOutput
-from handlers.protocols.openai.requests import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationFields,
-)
+from handlers.protocols.chat.requests import ChatCompletionRequest, GenerationFields
 
 
 def sampling_params(request: GenerationFields, **extra: object) -> SamplingParams:
@@ -45,11 +42,3 @@ def chat_sampling_params(request: ChatCompletionRequest,
     top = (request.top_logprobs or 0) if request.logprobs else 0
     return sampling_params(request, top_logprobs=top, structured=structured)
 
-
-def completion_sampling_params(request: CompletionRequest) -> SamplingParams:
-    return sampling_params(
-        request,
-        top_logprobs=request.logprobs or 0,
-        prompt_logprobs=bool(request.echo) and request.logprobs is not None,
-        best_of=request.best_of,
-    )
