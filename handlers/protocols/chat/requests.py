@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; vLLM's default max_logprobs for completions
 MAX_TOOLS = 32  # as Databricks allows
-MAX_STOP_CHARS = 32 * 1024  # stop strings in all (seed 001)
+MAX_STOP_CHARS = 32 * 1024  # stop strings in all (MindIE's chat API)
 
 Probability = Annotated[float, Field(gt=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
