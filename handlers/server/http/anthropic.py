@@ -28,9 +28,9 @@ from handlers.protocols.anthropic import (
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply
+from handlers.server.http.answers import disconnect_watch, to_response
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.http.openai import BodyHandler
-from handlers.server.http.responses import disconnect_watch, to_response
 from handlers.server.status import ANTHROPIC_HTTP
 
 ANTHROPIC = HttpProtocol("Anthropic", ANTHROPIC_HTTP, AnthropicError, generation_failed)

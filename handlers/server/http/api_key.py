@@ -15,7 +15,7 @@ from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.errors import KServeError
 from handlers.server.api_key import UNAUTHORIZED, ApiKey
 from handlers.server.framing import Reply
-from handlers.server.http.responses import json_response
+from handlers.server.http.answers import json_response
 
 OPEN_PATHS = frozenset({"/ping", "/health", "/v2/health/live", "/v2/health/ready", "/metrics",
                         "/openapi.json", "/docs", "/redoc"})

@@ -14,10 +14,10 @@ from handlers.protocols.chat.errors import model_not_found
 from handlers.protocols.databricks import check_endpoint_task, task_key
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, error_reply
+from handlers.server.http.answers import to_response
 from handlers.server.http.guard import guarded
 from handlers.server.http.invocations import BODY_ROUTES
 from handlers.server.http.openai import OPENAI, read_openai
-from handlers.server.http.responses import to_response
 
 _HANDLERS = dict(BODY_ROUTES)
 

@@ -17,9 +17,9 @@ from handlers.protocols.errors import ErrorKind
 from handlers.protocols.openai.embeddings import parse_embedding_request, render_embeddings
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
+from handlers.server.http.answers import to_response
 from handlers.server.http.guard import guarded
 from handlers.server.http.openai import OPENAI, read_openai
-from handlers.server.http.responses import to_response
 
 
 def router(ctx: ServerContext) -> APIRouter:

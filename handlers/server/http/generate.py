@@ -20,8 +20,8 @@ from handlers.protocols.kserve_v2 import check_version
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply
+from handlers.server.http.answers import disconnect_watch, to_response
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
-from handlers.server.http.responses import disconnect_watch, to_response
 from handlers.server.status import HTTP
 
 GENERATE = HttpProtocol("generate", HTTP, KServeError, KServeError.of)

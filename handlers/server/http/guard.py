@@ -13,8 +13,8 @@ from starlette.requests import Request
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.server.framing import Answer, Reply, error_reply
 from handlers.server.generation import ClientGone
+from handlers.server.http.answers import GONE
 from handlers.server.http.body import BodyError, read_json
-from handlers.server.http.responses import GONE
 from handlers.server.status import Table
 
 log = logging.getLogger(__name__)

@@ -37,12 +37,12 @@ from handlers.protocols.anthropic import VERSION_HEADER
 from handlers.protocols.errors import ErrorKind
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer
+from handlers.server.http.answers import to_response
 from handlers.server.http.anthropic import messages_body
 from handlers.server.http.embeddings import embeddings_body
 from handlers.server.http.guard import read_then
 from handlers.server.http.lmi import LMI, lmi_body
 from handlers.server.http.openai import BodyHandler, chat_body, completion_body
-from handlers.server.http.responses import to_response
 from handlers.server.http.responses_api import create_body as responses_body
 
 BODY_ROUTES: tuple[tuple[str, BodyHandler], ...] = (

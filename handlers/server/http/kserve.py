@@ -20,6 +20,7 @@ from handlers.protocols.errors import ErrorKind, KServeError
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
+from handlers.server.http.answers import BINARY_HEADER_LENGTH, disconnect_watch, to_response
 from handlers.server.http.body import (
     BodyError,
     adopt_request_id,
@@ -27,7 +28,6 @@ from handlers.server.http.body import (
     read_body,
 )
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
-from handlers.server.http.responses import BINARY_HEADER_LENGTH, disconnect_watch, to_response
 from handlers.server.status import HTTP
 
 log = logging.getLogger(__name__)

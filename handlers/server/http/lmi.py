@@ -37,8 +37,8 @@ from handlers.protocols.outputs import Folded
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import LMI_FRAMING, Answer, Framing, Reply
+from handlers.server.http.answers import disconnect_watch
 from handlers.server.http.guard import HttpProtocol, guarded
-from handlers.server.http.responses import disconnect_watch
 from handlers.server.status import LMI_HTTP
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from handlers.server.context import ServerContext
 from handlers.server.framing import Reply
-from handlers.server.http.responses import json_response
+from handlers.server.http.answers import json_response
 
 
 def router(ctx: ServerContext) -> APIRouter:

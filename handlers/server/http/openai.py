@@ -31,8 +31,8 @@ from handlers.protocols.openai import (
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply
+from handlers.server.http.answers import disconnect_watch, to_response
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
-from handlers.server.http.responses import disconnect_watch, to_response
 from handlers.server.status import HTTP
 
 log = logging.getLogger(__name__)

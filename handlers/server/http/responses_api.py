@@ -1,5 +1,5 @@
 """OpenAI's Responses API over HTTP: `POST /v1/responses`, `GET` and `DELETE
-/v1/responses/{response_id}` (not to be confused with `responses.py`, HTTP answers in general).
+/v1/responses/{response_id}`.
 
 A response is generated as a chat completion is: the same body reading, guards (errors in
 OpenAI's shape, deadlines, admission limits, client disconnects) and generation driver. A stream
@@ -33,9 +33,9 @@ from handlers.protocols.openai_responses import (
 from handlers.server import generation as driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply
+from handlers.server.http.answers import disconnect_watch, to_response
 from handlers.server.http.guard import guarded
 from handlers.server.http.openai import OPENAI, read_openai
-from handlers.server.http.responses import disconnect_watch, to_response
 
 log = logging.getLogger(__name__)
 

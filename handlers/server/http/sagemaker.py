@@ -20,13 +20,13 @@ from starlette.responses import Response
 from handlers.protocols.sagemaker_eventstream import EVENT_STREAM, model_stream_error, payload_part
 from handlers.server.context import ServerContext
 from handlers.server.framing import JSON_MEDIA_TYPE, Reply, StreamReply
-from handlers.server.http.invocations import invoke
-from handlers.server.http.responses import (
+from handlers.server.http.answers import (
     ClosingStreamingResponse,
     content_type,
     json_response,
     to_response,
 )
+from handlers.server.http.invocations import invoke
 
 log = logging.getLogger(__name__)
 

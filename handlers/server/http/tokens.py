@@ -14,9 +14,9 @@ from handlers.protocols.chat.errors import not_a_text_model
 from handlers.protocols.tokens import detokenize, tokenize
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
+from handlers.server.http.answers import to_response
 from handlers.server.http.guard import guarded
 from handlers.server.http.openai import OPENAI, read_openai
-from handlers.server.http.responses import to_response
 
 
 def router(ctx: ServerContext) -> APIRouter:
