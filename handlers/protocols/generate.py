@@ -26,7 +26,7 @@ from handlers.engine.base import Pair
 from handlers.engine.types import GenerationRequest, RequestOutput, SamplingParams
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.errors import GenerationError, KServeError
-from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.protocols.outputs import Event, Renderer, checked_events
 from handlers.protocols.parameters import LmiParameters, to_sampling_params
 
 UINT64 = 2**64 - 1
@@ -125,11 +125,7 @@ class GenerateRenderer(Renderer):
 
     def feed(self, pairs: list[Pair]) -> list[Event]:
         now = time.monotonic()
-        events = []
-        for _, output in pairs:
-            raise_failure(output)
-            events += self._output_events(output, now)
-        return events
+        return checked_events(pairs, lambda _, output: self._output_events(output, now))
 
     def failed(self, error: GenerationError) -> list[Event]:
         return [error_event(error.message)]

@@ -4,6 +4,7 @@ into whole sequences, tell whether it failed, and hand rendered stream events to
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -53,6 +54,17 @@ def raise_failure(output: RequestOutput) -> None:
     """GenerationError when this output failed its request."""
     if (failure := output_failure(output)) is not None:
         raise GenerationError(failure.message, failure.kind)
+
+
+def checked_events(pairs: list[Pair], events_of: Callable[[int, RequestOutput], list[Event]]
+                   ) -> list[Event]:
+    """Each output's events in turn (`events_of(index, output)`); GenerationError at the first
+    output that failed its request: a Renderer's `feed` where any failure ends the answer."""
+    events = []
+    for index, output in pairs:
+        raise_failure(output)
+        events += events_of(index, output)
+    return events
 
 
 class Renderer(ABC):

@@ -30,7 +30,7 @@ from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.checks import Checks, with_max_new_tokens
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
-from handlers.protocols.outputs import Event, Folded, FoldedSequence, Renderer, raise_failure
+from handlers.protocols.outputs import Event, Folded, FoldedSequence, Renderer, checked_events
 from handlers.protocols.token_objects import END_TOKEN, token_dict, top_dicts
 
 MAX_BEST_OF = 2
@@ -298,11 +298,7 @@ class StreamEvents(Renderer):
         self.text = ""
 
     def feed(self, pairs: list[Pair]) -> list[Event]:
-        events = []
-        for _, output in pairs:
-            raise_failure(output)
-            events += self._output_events(output)
-        return events
+        return checked_events(pairs, lambda _, output: self._output_events(output))
 
     def failed(self, error: GenerationError) -> list[Event]:
         return [error_event(TgiError.of(error))]

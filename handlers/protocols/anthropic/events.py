@@ -18,7 +18,7 @@ from handlers.protocols.chat.admit import checks as chat_checks
 from handlers.protocols.chat.requests import GenerationFields
 from handlers.protocols.checks import Checks
 from handlers.protocols.errors import ErrorKind, GenerationError
-from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.protocols.outputs import Event, Renderer, checked_events
 
 
 def messages_checks(chat: GenerationFields) -> Checks:
@@ -42,11 +42,8 @@ class MessageEvents(Renderer):
         self._status = status
 
     def feed(self, pairs: list[Pair]) -> list[Event]:
-        events = []
-        for _, output in pairs:
-            raise_failure(output)
-            events += [Event(event) for event in self._stream.feed(output)]
-        return events
+        return checked_events(pairs, lambda _, output: [
+            Event(event) for event in self._stream.feed(output)])
 
     def failed(self, error: GenerationError) -> list[Event]:
         failure = generation_failed(error)

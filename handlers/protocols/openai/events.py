@@ -13,7 +13,7 @@ from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.errors import ErrorKind, GenerationError
 from handlers.protocols.openai.chat_render import ChatStream
 from handlers.protocols.openai.completion_render import CompletionOptions, CompletionStream
-from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.protocols.outputs import Event, Renderer, checked_events
 
 Chunks = Callable[[int, RequestOutput], list[dict[str, Any]]]  # (prompt index, output) -> chunks
 Status = Callable[[ErrorKind], int]  # the wire's status for an error kind
@@ -25,11 +25,8 @@ class OpenAIEvents(Renderer):
         self._status = status
 
     def feed(self, pairs: list[Pair]) -> list[Event]:
-        events = []
-        for index, output in pairs:
-            raise_failure(output)
-            events += [Event(chunk) for chunk in self._chunks(index, output)]
-        return events
+        return checked_events(pairs, lambda index, output: [
+            Event(chunk) for chunk in self._chunks(index, output)])
 
     def failed(self, error: GenerationError) -> list[Event]:
         failure = OpenAIError(f"generation failed: {error.message}", kind=ErrorKind.FAILED)

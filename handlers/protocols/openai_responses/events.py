@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from handlers.engine.base import Pair
+from handlers.engine.types import RequestOutput
 from handlers.protocols.errors import GenerationError
 from handlers.protocols.openai_responses.render import ResponsesStream
-from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.protocols.outputs import Event, Renderer, checked_events
 
 
 class ResponsesEvents(Renderer):
@@ -22,14 +23,14 @@ class ResponsesEvents(Renderer):
         self._started = False
 
     def feed(self, pairs: list[Pair]) -> list[Event]:
-        events = [] if self._started else self._stream.start()  # numbered first
+        opening = [] if self._started else self._stream.start()  # numbered first
         self._started = True
-        for _, output in pairs:
-            raise_failure(output)
-            for seq in output.outputs:
-                events += self._stream.feed(seq.tokens, seq.finish_reason,
-                                            output.prompt_token_count, seq.generated_tokens)
-        return [Event(event) for event in events]
+        return [Event(event) for event in opening] + checked_events(pairs, self._output_events)
+
+    def _output_events(self, _: int, output: RequestOutput) -> list[Event]:
+        return [Event(event) for seq in output.outputs
+                for event in self._stream.feed(seq.tokens, seq.finish_reason,
+                                               output.prompt_token_count, seq.generated_tokens)]
 
     def failed(self, error: GenerationError) -> list[Event]:
         return [Event(e) for e in self._stream.fail(f"generation failed: {error.message}")]

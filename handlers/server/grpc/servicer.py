@@ -22,7 +22,7 @@ from handlers.engine.types import RequestOutput
 from handlers.protocols import kserve_v2
 from handlers.protocols.errors import ErrorKind, GenerationError, KServeError, ProtocolError
 from handlers.protocols.kserve_v2 import Tensor
-from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.protocols.outputs import Event, Renderer, checked_events
 from handlers.protocols.parameters import LmiParameters
 from handlers.server import generation as driver
 from handlers.server.context import Served, ServerContext
@@ -156,8 +156,8 @@ class StreamResponses(Renderer):
         self._ask_final = ask_final
 
     def feed(self, pairs: list[Pair]) -> list[Event]:
-        return [Event(self._response(piece, final)) for _, output in pairs
-                for piece, final in _pieces(output)]
+        return checked_events(pairs, lambda _, output: [
+            Event(self._response(piece, final)) for piece, final in _pieces(output)])
 
     def failed(self, error: GenerationError) -> list[Event]:
         return [Event(pb.ModelStreamInferResponse(error_message=error.message))]
@@ -170,8 +170,7 @@ class StreamResponses(Renderer):
 
 
 def _pieces(output: RequestOutput) -> list[tuple[str, bool]]:
-    """Each generated token's text, the last one marked final; a failure raises."""
-    raise_failure(output)
+    """Each generated token's text, the last one marked final."""
     tokens = [token.text for seq in output.outputs if seq.index == 0 for token in seq.tokens]
     if output.finished and not tokens:
         tokens = [""]
