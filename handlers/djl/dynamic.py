@@ -35,8 +35,8 @@ from handlers.protocols.lmi.dynamic import (
     to_generation_requests,
 )
 from handlers.protocols.outputs import Event, Folded
+from handlers.server.driver import stepped, validated
 from handlers.server.framing import JSON_MEDIA_TYPE, JSONLINES_MEDIA_TYPE
-from handlers.server.generation import stepped, validated
 from handlers.server.status import LMI_HTTP
 
 log = logging.getLogger(__name__)

@@ -38,8 +38,8 @@ from handlers.protocols.lmi import (
     to_generation_request,
 )
 from handlers.protocols.outputs import UNFINISHED, Folded
+from handlers.server.driver import validated
 from handlers.server.framing import JSON_MEDIA_TYPE, LMI_FRAMING
-from handlers.server.generation import validated
 from handlers.server.status import LMI_HTTP
 
 log = logging.getLogger(__name__)

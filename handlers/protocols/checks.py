@@ -1,6 +1,6 @@
 """What a protocol adds to the engine's checks of a request, in its own terms: how it names what
 the engine refused, whether an over-long prompt keeps its end instead, and how it fits the
-output's length to the context. The generation driver applies them (handlers/server/generation.py),
+output's length to the context. The generation driver applies them (handlers/server/driver.py),
 once per engine request, before admission."""
 
 from __future__ import annotations

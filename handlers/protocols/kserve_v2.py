@@ -63,6 +63,15 @@ def model_metadata(model: str) -> dict[str, Any]:
             "outputs": [{"name": TEXT_OUTPUT, **tensor}]}
 
 
+def check_model(model: str, version: str | None, served: str | None) -> None:
+    """Refuse (404) a model other than the generation model `served` (None: there is none),
+    or a version it does not have."""
+    if model != served:
+        raise KServeError(f"model '{model}' is not served here (models: {served or 'none'})",
+                          ErrorKind.NOT_FOUND)
+    check_version(model, version)
+
+
 def check_version(model: str, version: str | None) -> None:
     if version is not None and version != MODEL_VERSION:
         raise KServeError(f"model '{model}' has no version '{version}' (versions: "

@@ -70,7 +70,7 @@ def checked_events(pairs: list[Pair], events_of: Callable[[int, RequestOutput], 
 class Renderer(ABC):
     """How a protocol streams one client request's answer: the events of each step's outputs
     and of a failure, pure functions of the engine's outputs, so that one driver loop serves
-    every protocol (handlers/server/generation.py)."""
+    every protocol (handlers/server/driver.py)."""
 
     # Each event in a chunk of its own (a SageMaker PayloadPart each), or a step's in one.
     event_per_chunk: ClassVar[bool] = True

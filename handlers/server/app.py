@@ -1,6 +1,8 @@
 """The FastAPI app factory: `create_app(context)`, one router per protocol over the server
 context, and KServe V2's gRPC server beside it on the same event loop when a gRPC port is set.
-No module-level app or state; engines are the context's, attached when loaded."""
+Each protocol's module describes itself (`PROTOCOL`: descriptor.py); the app gathers their
+routes, their OpenAPI operations and the bodies `/invocations` tells apart. No module-level
+app or state; engines are the context's, attached when loaded."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from handlers.server.http import (
     health,
     invocations,
     kserve,
+    lmi,
     metrics,
     models,
     openai,
@@ -30,12 +33,21 @@ from handlers.server.http import (
     tokens,
 )
 from handlers.server.http.api_key import ApiKeyMiddleware
+from handlers.server.http.descriptor import Protocol
+from handlers.server.http.invocations import Invocations
 from handlers.server.http.request_id import RequestIdMiddleware
 from handlers.server.request_ids import install_log_ids
 from handlers.server.telemetry import RequestCounter
 
-ROUTERS = (health, invocations, sagemaker, models, openai, embeddings, databricks, kserve,
-           generate, tgi, metrics, responses_api, anthropic, tokens)
+PROTOCOLS: tuple[Protocol, ...] = tuple(module.PROTOCOL for module in (
+    health, models, openai, embeddings, databricks, kserve, generate, tgi, metrics,
+    responses_api, anthropic, tokens, lmi))
+
+
+def served_protocols() -> tuple[Protocol, ...]:
+    """Every protocol, and the entries that answer whichever of them a body speaks."""
+    entry = Invocations(body for protocol in PROTOCOLS for body in protocol.bodies)
+    return (*PROTOCOLS, invocations.protocol(entry), sagemaker.protocol(entry))
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -53,10 +65,12 @@ def create_app(ctx: ServerContext) -> FastAPI:
 
     app = FastAPI(title="lmi-serve", docs_url="/docs", redoc_url=None,
                   openapi_url="/openapi.json", lifespan=lifespan)
-    routers = [module.router(ctx) for module in ROUTERS]
+    protocols = served_protocols()
+    routers = [protocol.router(ctx) for protocol in protocols if protocol.router is not None]
     for routes in routers:
         app.include_router(routes)
-    openapi.install(app, ctx.settings.server_version)  # the bodies the routes read by hand
+    docs = {operation: doc for protocol in protocols for operation, doc in protocol.docs.items()}
+    openapi.install(app, ctx.settings.server_version, docs)  # the bodies routes read by hand
     if ctx.settings.api_key:
         app.add_middleware(ApiKeyMiddleware, key=ctx.settings.api_key)
     app.add_middleware(RequestIdMiddleware)  # outside the key check: a 401 carries an id too

@@ -14,8 +14,9 @@ from handlers.engine.types import GenerationRequest
 from handlers.protocols.checks import Checks, Refuse
 from handlers.protocols.errors import ErrorKind, ProtocolError
 from handlers.protocols.openai_responses import ResponseStore
+from handlers.server.driver import validated
 from handlers.server.failures import FailureStreak
-from handlers.server.generation import Admission, Generation, validated
+from handlers.server.generation import Admission, Generation
 from handlers.server.telemetry import Telemetry
 
 E = TypeVar("E", Engine, Embedder)

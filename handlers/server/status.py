@@ -1,10 +1,10 @@
-"""Which status each error kind gets on the wire: one table per wire.
+"""Which status each error kind gets on the wire: the tables more than one module answers with.
 
 HTTP answers OpenAI, embeddings, Databricks, KServe, generate and the SageMaker routes with
 `HTTP`; LMI answers with its own (`LMI_HTTP`: DJL Serving answers failed validation and failed
-inference with 424), which DJL's front end also sends for the records of the DJL entry, TGI
-with TGI's (`TGI_HTTP`), Anthropic's Messages with Anthropic's (`ANTHROPIC_HTTP`). gRPC (KServe
-V2) answers with status codes (`GRPC`).
+inference with 424), which DJL's front end also sends for the records of the DJL entry. gRPC
+(KServe V2) answers with status codes (`GRPC`). A protocol with statuses of its own keeps its
+table beside its routes (TGI's, Anthropic's: built over `HTTP`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,6 @@ HTTP: Table[ErrorKind, int] = MappingProxyType({
 })
 LMI_HTTP: Table[ErrorKind, int] = MappingProxyType(
     {**HTTP, ErrorKind.VALIDATION: 424, ErrorKind.FAILED: 424})
-# TGI: 422 validation, 424 a failed generation, 429 overloaded.
-TGI_HTTP: Table[ErrorKind, int] = MappingProxyType(
-    {**HTTP, ErrorKind.VALIDATION: 422, ErrorKind.FAILED: 424, ErrorKind.OVERLOADED: 429})
-
-# Anthropic: 504 timeout_error, 529 overloaded_error (the anthropic SDK's OverloadedError).
-ANTHROPIC_HTTP: Table[ErrorKind, int] = MappingProxyType(
-    {**HTTP, ErrorKind.TIMEOUT: 504, ErrorKind.OVERLOADED: 529})
 
 RETRY_AFTER_SECONDS = 1  # what an overloaded server tells its clients to wait
 

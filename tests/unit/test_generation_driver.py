@@ -15,8 +15,9 @@ from handlers.engine.types import GenerationRequest, RequestValidationError
 from handlers.protocols.checks import Checks, with_max_new_tokens
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.outputs import Event, Renderer, raise_failure
+from handlers.server.driver import complete, events, stream, validated
 from handlers.server.framing import Framing
-from handlers.server.generation import Admission, Generation, complete, events, stream, validated
+from handlers.server.generation import Admission, Generation
 
 
 class Refused(ProtocolError):

@@ -24,7 +24,7 @@ from handlers.protocols.errors import ErrorKind, GenerationError, KServeError, P
 from handlers.protocols.kserve_v2 import Tensor
 from handlers.protocols.outputs import Event, Renderer, checked_events
 from handlers.protocols.parameters import LmiParameters
-from handlers.server import generation as driver
+from handlers.server import driver
 from handlers.server.context import Served, ServerContext
 from handlers.server.generation import Generation
 from handlers.server.grpc.decoding import Undecodable
@@ -102,9 +102,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _generator(self, model: str, version: str) -> Served:
         generator = self.ctx.generator
-        if generator is None or generator.name != model:
-            raise KServeError(f"model '{model}' is not served here", ErrorKind.NOT_FOUND)
-        kserve_v2.check_version(model, version or None)
+        kserve_v2.check_model(model, version or None, generator and generator.name)
+        assert generator is not None  # check_model refuses a server without one
         return generator
 
     def _prepare(self, request: Any, deadline: float | None, stream: bool = False

@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from handlers.server.driver import Watch
 from handlers.server.framing import JSON_MEDIA_TYPE, Answer, Reply, StreamReply
-from handlers.server.generation import Watch
 
 GONE = 499  # a client that went away; never seen by it (nginx's "client closed request")
 

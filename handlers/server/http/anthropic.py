@@ -1,5 +1,8 @@
 """Anthropic's Messages API over HTTP: `POST /v1/messages` and `POST /v1/messages/count_tokens`;
-`/invocations` bodies in Anthropic's shape reach the same handler (invocations.py says which).
+`/invocations` bodies in Anthropic's shape reach the same handler: those with `messages` that
+say they are Anthropic's, by the `anthropic-version` header (every Anthropic SDK sends it), an
+`anthropic_version` field (as Bedrock and Vertex AI bodies carry), a top-level `system`, or a
+content block of type `tool_use` or `tool_result` (an OpenAI chat body has none of these).
 
 Errors are Anthropic's objects with Anthropic's statuses (`ANTHROPIC_HTTP`). A stream answers 200
 only once the first output arrived, so a failure before it gets a status; after that a failure
@@ -11,11 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 
 from handlers.engine.base import Engine
 from handlers.protocols.anthropic import (
+    VERSION_HEADER,
     AnthropicError,
     MessageEvents,
     count_tokens,
@@ -25,15 +30,31 @@ from handlers.protocols.anthropic import (
     prepare_messages,
     render_message,
 )
-from handlers.server import generation as driver
+from handlers.protocols.anthropic.requests import CountTokensRequest, MessagesRequest
+from handlers.protocols.errors import ErrorKind
+from handlers.protocols.schemas.anthropic import AnthropicErrorBody, AnthropicMessage, InputTokens
+from handlers.server import driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply
 from handlers.server.http.answers import disconnect_watch, to_response
+from handlers.server.http.descriptor import (
+    JSON,
+    SSE,
+    SSE_EVENT,
+    Body,
+    BodyHandler,
+    Doc,
+    Protocol,
+    error_bodies,
+)
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
-from handlers.server.http.openai import BodyHandler
-from handlers.server.status import ANTHROPIC_HTTP
+from handlers.server.status import HTTP, Table
 
+# Anthropic: 504 timeout_error, 529 overloaded_error (the anthropic SDK's OverloadedError).
+ANTHROPIC_HTTP: Table[ErrorKind, int] = Table(
+    {**HTTP, ErrorKind.TIMEOUT: 504, ErrorKind.OVERLOADED: 529})
 ANTHROPIC = HttpProtocol("Anthropic", ANTHROPIC_HTTP, AnthropicError, generation_failed)
+ANTHROPIC_ONLY_BLOCKS = frozenset({"tool_use", "tool_result"})
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -81,3 +102,30 @@ async def count_tokens_body(ctx: ServerContext, request: Request, body: Any) -> 
                                        engine.adapters))
 
     return await guarded(ANTHROPIC, answer)
+
+
+def speaks_anthropic(_ctx: ServerContext, body: dict[str, Any], headers: Headers) -> bool:
+    """Whether an /invocations body is Anthropic's Messages (the module's docstring says when)."""
+    return "messages" in body and (
+        VERSION_HEADER in headers or "anthropic_version" in body or "system" in body
+        or _has_anthropic_blocks(body["messages"]))
+
+
+def _has_anthropic_blocks(messages: Any) -> bool:
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and any(
+                isinstance(block, dict) and isinstance(block.get("type"), str)
+                and block["type"] in ANTHROPIC_ONLY_BLOCKS for block in content):
+            return True
+    return False
+
+
+MESSAGES = Doc("Anthropic Messages", MessagesRequest, {JSON: AnthropicMessage, SSE: SSE_EVENT},
+               error_bodies(AnthropicErrorBody, 400, 404, 413, 500, 503, 504, 529))
+PROTOCOL = Protocol(router, {
+    ("post", "/v1/messages"): MESSAGES,
+    ("post", "/v1/messages/count_tokens"): Doc(
+        "Anthropic Messages: the prompt's tokens", CountTokensRequest, {JSON: InputTokens},
+        error_bodies(AnthropicErrorBody, 400, 404, 413, 500, 503)),
+}, (Body(10, speaks_anthropic, messages_body, MESSAGES),))

@@ -15,11 +15,21 @@ from handlers.protocols.databricks import check_endpoint_task, task_key
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, error_reply
 from handlers.server.http.answers import to_response
+from handlers.server.http.descriptor import BodyHandler, Protocol, merged
+from handlers.server.http.embeddings import EMBEDDINGS, embeddings_body
 from handlers.server.http.guard import guarded
-from handlers.server.http.invocations import BODY_ROUTES
-from handlers.server.http.openai import OPENAI, read_openai
+from handlers.server.http.openai import (
+    CHAT,
+    COMPLETIONS,
+    OPENAI,
+    chat_body,
+    completion_body,
+    read_openai,
+)
 
-_HANDLERS = dict(BODY_ROUTES)
+# The task each body key asks for (protocols/databricks.py), and who answers it.
+_HANDLERS: dict[str, BodyHandler] = {
+    "messages": chat_body, "prompt": completion_body, "input": embeddings_body}
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -43,3 +53,8 @@ def router(ctx: ServerContext) -> APIRouter:
         return to_response(await read_openai(ctx, request, endpoint))
 
     return routes
+
+
+PROTOCOL = Protocol(router, {("post", "/serving-endpoints/{model}/invocations"): merged(
+    "Databricks serving endpoint: chat, completions or embeddings by body",
+    [CHAT, COMPLETIONS, EMBEDDINGS])})

@@ -14,10 +14,16 @@ from handlers.engine.base import Embedder
 from handlers.engine.types import RequestValidationError
 from handlers.protocols.chat.errors import OpenAIError, model_not_found
 from handlers.protocols.errors import ErrorKind
-from handlers.protocols.openai.embeddings import parse_embedding_request, render_embeddings
+from handlers.protocols.openai.embeddings import (
+    EmbeddingRequest,
+    parse_embedding_request,
+    render_embeddings,
+)
+from handlers.protocols.schemas.openai import EmbeddingList, OpenAIErrorBody
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
 from handlers.server.http.answers import to_response
+from handlers.server.http.descriptor import JSON, Body, Doc, Protocol, error_bodies
 from handlers.server.http.guard import guarded
 from handlers.server.http.openai import OPENAI, read_openai
 
@@ -54,3 +60,10 @@ async def embeddings_body(ctx: ServerContext, request: Request, body: Any) -> An
                                             engine.model_name, parsed.encoding_format))
 
     return await guarded(OPENAI, answer)
+
+
+EMBEDDINGS = Doc("OpenAI embeddings", EmbeddingRequest, {JSON: EmbeddingList},
+                 error_bodies(OpenAIErrorBody, 400, 404, 413, 500, 503))
+PROTOCOL = Protocol(router, {("post", "/v1/embeddings"): EMBEDDINGS},
+                    (Body(50, lambda _ctx, body, _headers: "input" in body, embeddings_body,
+                          EMBEDDINGS),))

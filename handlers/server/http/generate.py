@@ -14,23 +14,34 @@ from starlette.responses import Response
 
 from handlers.engine.base import Engine
 from handlers.protocols.checks import naming
-from handlers.protocols.errors import ErrorKind, KServeError
-from handlers.protocols.generate import GenerateRenderer, generation_request, parse_generate_request
-from handlers.protocols.kserve_v2 import check_version
-from handlers.server import generation as driver
+from handlers.protocols.errors import KServeError
+from handlers.protocols.generate import (
+    GenerateRenderer,
+    GenerateRequest,
+    generation_request,
+    parse_generate_request,
+)
+from handlers.protocols.kserve_v2 import check_model
+from handlers.protocols.schemas.kserve import GenerateAnswer
+from handlers.server import driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply
 from handlers.server.http.answers import disconnect_watch, to_response
+from handlers.server.http.descriptor import JSON, SSE, SSE_EVENT, Doc, Protocol
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
+from handlers.server.http.kserve import ERRORS
 from handlers.server.status import HTTP
 
 GENERATE = HttpProtocol("generate", HTTP, KServeError, KServeError.of)
 CHECKS = naming(KServeError, lambda _: "text_input")
 
 
+VERSIONED = ("", "/versions/{version}")
+
+
 def router(ctx: ServerContext) -> APIRouter:
     routes = APIRouter()
-    for versioned in ("", "/versions/{version}"):
+    for versioned in VERSIONED:
         prefix = "/v2/models/{model}" + versioned
         routes.add_api_route(prefix + "/generate", _route(ctx, stream=False), methods=["POST"])
         routes.add_api_route(prefix + "/generate_stream", _route(ctx, stream=True),
@@ -48,10 +59,10 @@ def _route(ctx: ServerContext, stream: bool) -> Callable[..., Any]:
 
 
 def _engine(ctx: ServerContext, model: str, version: str | None) -> Engine:
-    if ctx.generator is None or ctx.generator.name != model:
-        raise KServeError(f"model '{model}' is not served here", ErrorKind.NOT_FOUND)
-    check_version(model, version)
-    return ctx.generator.ready_engine(KServeError)
+    generator = ctx.generator
+    check_model(model, version, generator and generator.name)
+    assert generator is not None  # check_model refuses a server without one
+    return generator.ready_engine(KServeError)
 
 
 async def _answer(ctx: ServerContext, request: Request, model: str, version: str | None,
@@ -70,3 +81,13 @@ async def _answer(ctx: ServerContext, request: Request, model: str, version: str
         return Reply(200, renderer.whole())
 
     return await guarded(GENERATE, answer)
+
+
+_WHOLE = Doc("Triton / MindIE generate", GenerateRequest, {JSON: GenerateAnswer}, ERRORS)
+_STREAM = Doc("Triton / MindIE generate (one event per token)", GenerateRequest,
+              {SSE: SSE_EVENT}, ERRORS)
+PROTOCOL = Protocol(router, {
+    **{("post", f"/v2/models/{{model}}{versioned}/generate"): _WHOLE for versioned in VERSIONED},
+    **{("post", f"/v2/models/{{model}}{versioned}/generate_stream"): _STREAM
+       for versioned in VERSIONED},
+})

@@ -5,9 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from handlers.protocols.schemas.sagemaker import Health
 from handlers.server.context import ServerContext
 from handlers.server.framing import Reply
 from handlers.server.http.answers import json_response
+from handlers.server.http.descriptor import JSON, Doc, Protocol
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -20,3 +22,8 @@ def router(ctx: ServerContext) -> APIRouter:
         return json_response(Reply(503, {"status": "Unhealthy"}))
 
     return routes
+
+
+PROTOCOL = Protocol(router, {("get", "/ping"): Doc(
+    "SageMaker health: 200 once every served model can answer", ok={JSON: Health},
+    errors={503: Health})})

@@ -17,7 +17,19 @@ from starlette.responses import Response
 from handlers.engine.types import RequestValidationError
 from handlers.protocols import kserve_v1, kserve_v2
 from handlers.protocols.errors import ErrorKind, KServeError
-from handlers.server import generation as driver
+from handlers.protocols.kserve_v2 import RestInferRequest
+from handlers.protocols.schemas.kserve import (
+    InferResponse,
+    KServeErrorBody,
+    Live,
+    ModelMetadata,
+    Ready,
+    ReadyAnswer,
+    ServerMetadata,
+    V1Predictions,
+    V1Request,
+)
+from handlers.server import driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
 from handlers.server.http.answers import BINARY_HEADER_LENGTH, disconnect_watch, to_response
@@ -26,6 +38,15 @@ from handlers.server.http.body import (
     adopt_request_id,
     decode_json,
     read_body,
+)
+from handlers.server.http.descriptor import (
+    BINARY,
+    JSON,
+    STRING,
+    Doc,
+    Operation,
+    Protocol,
+    error_bodies,
 )
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.status import HTTP
@@ -126,12 +147,9 @@ def _v2_routes(routes: APIRouter, ctx: ServerContext) -> None:
 
 def _generator(ctx: ServerContext, model: str, version: str | None) -> Any:
     """The served generation model `model` names, or a 404."""
-    if ctx.generator is None or ctx.generator.name != model:
-        names = [ctx.generator.name] if ctx.generator is not None else []
-        raise KServeError(f"model '{model}' is not served here (models: "
-                          f"{', '.join(names) or 'none'})", ErrorKind.NOT_FOUND)
-    kserve_v2.check_version(model, version)
-    return ctx.generator
+    generator = ctx.generator
+    kserve_v2.check_model(model, version, generator and generator.name)
+    return generator
 
 
 def _model_metadata(ctx: ServerContext) -> Callable[..., Any]:
@@ -201,3 +219,44 @@ def _json_length(request: Request, size: int) -> int:
         raise BodyError(f"{BINARY_HEADER_LENGTH}: {declared!r} is not a length within the "
                         f"{size}-byte body", ErrorKind.VALIDATION)
     return int(declared)
+
+
+ERRORS = error_bodies(KServeErrorBody, 400, 404, 408, 413, 500, 503)
+BINARY_LENGTH = {"name": "Inference-Header-Content-Length", "in": "header", "required": False,
+                 "description": "Triton's binary tensor data extension: the length of the JSON "
+                                "header; binary tensor data follows it",
+                 "schema": {"type": "string", "pattern": "^[0-9]+$"}}
+_NOT_READY = {404: KServeErrorBody, 503: ReadyAnswer}
+
+
+def _v2_model_docs(versioned: str) -> dict[Operation, Doc]:
+    """The V2 model routes under `/v2/models/{model}` + `versioned` (generate.py has more)."""
+    docs = {
+        ("get", ""): Doc("KServe V2 model metadata", ok={JSON: ModelMetadata},
+                         errors=error_bodies(KServeErrorBody, 404)),
+        ("get", "/ready"): Doc("KServe V2 model readiness", ok={JSON: ReadyAnswer},
+                               errors=_NOT_READY),
+        ("post", "/infer"): Doc(
+            "KServe V2 inference (JSON, or Triton's binary tensor data extension with "
+            "Inference-Header-Content-Length)", RestInferRequest,
+            {JSON: InferResponse, BINARY: STRING}, ERRORS, (JSON, BINARY), (BINARY_LENGTH,)),
+    }
+    return {(method, f"/v2/models/{{model}}{versioned}{tail}"): doc
+            for (method, tail), doc in docs.items()}
+
+
+PROTOCOL = Protocol(router, {
+    ("get", "/v1/models/{model}"): Doc("KServe V1 model readiness", ok={JSON: ReadyAnswer},
+                                       errors=_NOT_READY),
+    ("post", "/v1/models/{model}:predict"): Doc("KServe V1 predict", V1Request,
+                                                {JSON: V1Predictions}, ERRORS),
+    ("post", "/v1/models/{model}:explain"): Doc(
+        "KServe V1 explain: not supported (501)",
+        errors=error_bodies(KServeErrorBody, 404, 501)),
+    ("get", "/v2"): Doc("KServe V2 server metadata", ok={JSON: ServerMetadata}),
+    ("get", "/v2/health/live"): Doc("KServe V2 liveness", ok={JSON: Live}),
+    ("get", "/v2/health/ready"): Doc("KServe V2 readiness", ok={JSON: Ready},
+                                     errors={503: Ready}),
+    **_v2_model_docs(""),
+    **_v2_model_docs("/versions/{version}"),
+})

@@ -28,16 +28,30 @@ from handlers.protocols.lmi import (
 )
 from handlers.protocols.lmi.dynamic import (
     DynamicError,
+    DynamicRequest,
     parse_dynamic_request,
     render_answer,
     to_generation_requests,
 )
 from handlers.protocols.lmi.dynamic import checks as dynamic_checks
+from handlers.protocols.lmi.request import LmiRequest
 from handlers.protocols.outputs import Folded
-from handlers.server import generation as driver
+from handlers.protocols.schemas.lmi import DynamicAnswer, LmiAnswer, LmiErrorBody
+from handlers.server import driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import LMI_FRAMING, Answer, Framing, Reply
 from handlers.server.http.answers import disconnect_watch
+from handlers.server.http.descriptor import (
+    JSON,
+    JSONLINES,
+    SSE,
+    SSE_EVENT,
+    STRING,
+    Body,
+    Doc,
+    Protocol,
+    error_bodies,
+)
 from handlers.server.http.guard import HttpProtocol, guarded
 from handlers.server.status import LMI_HTTP
 
@@ -97,3 +111,13 @@ async def _dynamic(ctx: ServerContext, engine: Engine, request: Request, body: A
     await driver.collect(generation, lambda pairs: [folded[i].add(out) for i, out in pairs],
                          watch)
     return Reply(200, render_answer(folded, parsed))
+
+
+# LMI has no route of its own: it answers what no other protocol on /invocations speaks.
+PROTOCOL = Protocol(bodies=(Body(
+    100, None, lmi_body,
+    Doc("LMI", LmiRequest | DynamicRequest,
+        {JSON: LmiAnswer | list[LmiAnswer] | list[DynamicAnswer], JSONLINES: STRING,
+         SSE: SSE_EVENT},
+        error_bodies(LmiErrorBody, 404, 408, 413, 424, 500, 503)),
+    selector="adapters"),))

@@ -7,6 +7,7 @@ from prometheus_client import generate_latest
 from starlette.responses import Response
 
 from handlers.server.context import ServerContext
+from handlers.server.http.descriptor import STRING, TEXT, Doc, Protocol
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -18,3 +19,6 @@ def router(ctx: ServerContext) -> APIRouter:
                         media_type="text/plain; version=0.0.4")
 
     return routes
+
+
+PROTOCOL = Protocol(router, {("get", "/metrics"): Doc("Prometheus metrics", ok={TEXT: STRING})})

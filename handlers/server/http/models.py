@@ -10,9 +10,11 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from handlers.protocols.schemas.openai import ModelList
 from handlers.server.context import ServerContext
 from handlers.server.framing import Reply
 from handlers.server.http.answers import json_response
+from handlers.server.http.descriptor import JSON, Doc, Protocol
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -38,3 +40,7 @@ def _cards(ctx: ServerContext, names: list[str]) -> list[dict[str, Any]]:
 
 def _card(ctx: ServerContext, name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": ctx.created, "owned_by": "lmi-serve"}
+
+
+PROTOCOL = Protocol(router, {
+    ("get", "/v1/models"): Doc("OpenAI's and KServe V1's model list", ok={JSON: ModelList})})

@@ -9,7 +9,6 @@ after that a failure is one more event before `[DONE]`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter
@@ -19,7 +18,7 @@ from starlette.responses import Response
 from handlers.engine.base import Engine
 from handlers.protocols.chat.admit import checks
 from handlers.protocols.chat.errors import OpenAIError, generation_failed, not_a_text_model
-from handlers.protocols.chat.requests import GenerationFields
+from handlers.protocols.chat.requests import ChatCompletionRequest, GenerationFields
 from handlers.protocols.openai import (
     chat_events,
     completion_events,
@@ -28,10 +27,22 @@ from handlers.protocols.openai import (
     render_chat_completion,
     render_completion,
 )
-from handlers.server import generation as driver
+from handlers.protocols.openai.requests import CompletionRequest
+from handlers.protocols.schemas.openai import ChatCompletion, Completion, OpenAIErrorBody
+from handlers.server import driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply
 from handlers.server.http.answers import disconnect_watch, to_response
+from handlers.server.http.descriptor import (
+    JSON,
+    SSE,
+    SSE_EVENT,
+    Body,
+    BodyHandler,
+    Doc,
+    Protocol,
+    error_bodies,
+)
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
 from handlers.server.status import HTTP
 
@@ -39,7 +50,7 @@ log = logging.getLogger(__name__)
 
 OPENAI = HttpProtocol("OpenAI", HTTP, lambda message, kind: OpenAIError(message, kind=kind),
                       generation_failed)
-BodyHandler = Callable[[ServerContext, Request, Any], Awaitable[Answer]]
+ERRORS = error_bodies(OpenAIErrorBody, 400, 404, 408, 413, 500, 503)
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -106,3 +117,14 @@ async def completion_body(ctx: ServerContext, request: Request, body: Any) -> An
 def _warn_ignored(request: GenerationFields) -> None:
     if ignored := request.ignored_fields:
         log.warning("ignoring unknown fields %s", ignored)
+
+
+CHAT = Doc("OpenAI chat completions", ChatCompletionRequest,
+           {JSON: ChatCompletion, SSE: SSE_EVENT}, ERRORS)
+COMPLETIONS = Doc("OpenAI completions", CompletionRequest, {JSON: Completion, SSE: SSE_EVENT},
+                  ERRORS)
+PROTOCOL = Protocol(router, {
+    ("post", "/v1/chat/completions"): CHAT,
+    ("post", "/v1/completions"): COMPLETIONS,
+}, (Body(20, lambda _ctx, body, _headers: "messages" in body, chat_body, CHAT),
+    Body(40, lambda _ctx, body, _headers: "prompt" in body, completion_body, COMPLETIONS)))

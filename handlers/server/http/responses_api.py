@@ -7,6 +7,12 @@ answers 200 once the first output arrived, so a failure before it still gets a s
 a failure is a `response.failed` event. Each event goes as `event: <its type>` and `data:` lines,
 and the stream ends without `[DONE]`, as OpenAI sends these streams.
 Responses are stored (unless `store` is false) in the app's bounded LRU (`ctx.responses`).
+
+An `/invocations` body with `input` is a Responses request rather than embeddings when a
+generation model is served, its `model` is not the embedding model's name, and: its `model` is
+the generation model's name (or one of its LoRA adapters'), or it has a field of
+`RESPONSES_FIELDS` (none is an embeddings field), or no embedding model is served. SageMaker's
+adapter header stands for the body's `model`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -24,20 +31,38 @@ from handlers.protocols.chat.errors import OpenAIError, not_a_text_model
 from handlers.protocols.openai_responses import (
     ResponsesEvents,
     ResponsesJob,
+    ResponsesRequest,
     ResponsesStream,
     ResponseStore,
     Stored,
     not_found,
     prepare_response,
 )
-from handlers.server import generation as driver
+from handlers.protocols.schemas.openai import OpenAIErrorBody, ResponseDeleted, ResponseObject
+from handlers.server import driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply
 from handlers.server.http.answers import disconnect_watch, to_response
+from handlers.server.http.descriptor import (
+    ADAPTER_HEADER,
+    JSON,
+    SSE,
+    SSE_EVENT,
+    Body,
+    Doc,
+    Protocol,
+    error_bodies,
+)
 from handlers.server.http.guard import guarded
-from handlers.server.http.openai import OPENAI, read_openai
+from handlers.server.http.openai import ERRORS, OPENAI, read_openai
 
 log = logging.getLogger(__name__)
+
+# Fields of a Responses request that no embeddings request has.
+RESPONSES_FIELDS = frozenset({
+    "instructions", "max_output_tokens", "previous_response_id", "conversation", "text",
+    "tools", "tool_choice", "parallel_tool_calls", "store", "reasoning", "stream",
+    "temperature", "top_p", "metadata", "include", "truncation", "background"})
 
 
 def router(ctx: ServerContext) -> APIRouter:
@@ -101,3 +126,29 @@ async def create_body(ctx: ServerContext, request: Request, body: Any) -> Answer
 def _keep(store: ResponseStore, job: ResponsesJob, response: dict[str, Any]) -> None:
     if job.request.store is not False:
         store.put(Stored(response, job.items))
+
+
+def speaks_responses(ctx: ServerContext, body: dict[str, Any], headers: Headers) -> bool:
+    """Whether an /invocations body is a Responses request for the generation model rather
+    than embeddings (the module's docstring says when)."""
+    if "input" not in body or ctx.generator is None:
+        return False
+    adapter = headers.get(ADAPTER_HEADER)
+    model = adapter if adapter is not None else body.get("model")
+    if model is not None and model == ctx.embedding_model():
+        return False
+    return model == ctx.settings.model_name or model in ctx.adapters() \
+        or not RESPONSES_FIELDS.isdisjoint(body) or ctx.embedder is None
+
+
+CREATE = Doc("OpenAI Responses API", ResponsesRequest, {JSON: ResponseObject, SSE: SSE_EVENT},
+             ERRORS)
+PROTOCOL = Protocol(router, {
+    ("post", "/v1/responses"): CREATE,
+    ("get", "/v1/responses/{response_id}"): Doc(
+        "A stored response", ok={JSON: ResponseObject},
+        errors=error_bodies(OpenAIErrorBody, 400, 404)),
+    ("delete", "/v1/responses/{response_id}"): Doc(
+        "Delete a stored response", ok={JSON: ResponseDeleted},
+        errors=error_bodies(OpenAIErrorBody, 404)),
+}, (Body(30, speaks_responses, create_body, CREATE),))

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from handlers.protocols.sagemaker_eventstream import EVENT_STREAM, model_stream_error, payload_part
+from handlers.protocols.schemas.sagemaker import ModelError
 from handlers.server.context import ServerContext
 from handlers.server.framing import JSON_MEDIA_TYPE, Reply, StreamReply
 from handlers.server.http.answers import (
@@ -26,7 +27,8 @@ from handlers.server.http.answers import (
     json_response,
     to_response,
 )
-from handlers.server.http.invocations import invoke
+from handlers.server.http.descriptor import STRING, Doc, Protocol
+from handlers.server.http.invocations import Invocations
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +37,31 @@ STREAM_CONTENT_TYPE = "X-Amzn-SageMaker-Content-Type"
 ERROR_TYPE = "x-amzn-errortype"  # botocore's rest-json error code
 
 
-def router(ctx: ServerContext) -> APIRouter:
+def protocol(entry: Invocations) -> Protocol:
+    body = entry.doc("")
+    return Protocol(lambda ctx: _router(ctx, entry), {
+        ("post", "/endpoints/{name}/invocations"): Doc(
+            "SageMaker runtime InvokeEndpoint, emulated", body.request, body.ok,
+            {424: ModelError}),
+        ("post", "/endpoints/{name}/invocations-response-stream"): Doc(
+            "SageMaker runtime InvokeEndpointWithResponseStream, emulated (AWS event-stream "
+            "PayloadParts)", body.request, {EVENT_STREAM: STRING}, {424: ModelError}),
+    })
+
+
+def _router(ctx: ServerContext, entry: Invocations) -> APIRouter:
     routes = APIRouter()
 
     @routes.post("/endpoints/{name}/invocations")
     async def invoke_endpoint(name: str, request: Request) -> Response:
-        answer = await invoke(ctx, request)
+        answer = await entry.invoke(ctx, request)
         if isinstance(answer, Reply) and answer.status >= 400:
             return _echo_attributes(request, _model_error(answer))
         return _echo_attributes(request, to_response(answer))
 
     @routes.post("/endpoints/{name}/invocations-response-stream")
     async def invoke_endpoint_with_response_stream(name: str, request: Request) -> Response:
-        answer = await invoke(ctx, request)
+        answer = await entry.invoke(ctx, request)
         if isinstance(answer, Reply) and answer.status >= 400:
             return _echo_attributes(request, _model_error(answer))
         events = _event_stream(answer)

@@ -17,17 +17,22 @@ from starlette.responses import Response
 from handlers.protocols import tgi
 from handlers.protocols.errors import ErrorKind, GenerationError
 from handlers.protocols.outputs import Event
+from handlers.protocols.schemas.tgi import TgiErrorBody, TgiGenerated, TgiInfo
 from handlers.protocols.tgi import Rendering, StreamEvents, TgiError, TgiRequest
-from handlers.server import generation as driver
+from handlers.server import driver
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Framing, Reply, StreamReply
 from handlers.server.generation import Generation
 from handlers.server.http.answers import disconnect_watch, to_response
+from handlers.server.http.descriptor import EMPTY, JSON, SSE, SSE_EVENT, Doc, Protocol, error_bodies
 from handlers.server.http.guard import HttpProtocol, guarded, read_then
-from handlers.server.status import TGI_HTTP
+from handlers.server.status import HTTP, Table
 
 log = logging.getLogger(__name__)
 
+# TGI: 422 validation, 424 a failed generation, 429 overloaded.
+TGI_HTTP: Table[ErrorKind, int] = Table(
+    {**HTTP, ErrorKind.VALIDATION: 422, ErrorKind.FAILED: 424, ErrorKind.OVERLOADED: 429})
 TGI = HttpProtocol("TGI", TGI_HTTP, TgiError, TgiError.of)
 Mode = Literal["generate", "stream", "compat"]
 
@@ -127,3 +132,21 @@ async def _stream(ctx: ServerContext, parsed: TgiRequest) -> AsyncIterator[list[
                           len(gen.prompt_token_ids or []))
     async for chunk in driver.events(generation, events):
         yield chunk
+
+
+def _generate_doc(summary: str, ok: dict[str, Any]) -> Doc:
+    return Doc(summary, TgiRequest, ok,
+               error_bodies(TgiErrorBody, 404, 408, 413, 422, 424, 429, 500, 503))
+
+
+_HEALTH = Doc("TGI health", ok={JSON: EMPTY}, errors={503: TgiErrorBody})
+PROTOCOL = Protocol(router, {
+    ("post", "/generate"): _generate_doc("TGI generate", {JSON: TgiGenerated}),
+    ("post", "/generate_stream"): _generate_doc("TGI generate_stream (failures are events too)",
+                                                {SSE: SSE_EVENT}),
+    ("post", "/"): _generate_doc("TGI's compat route: `stream` chooses",
+                                 {JSON: list[TgiGenerated], SSE: SSE_EVENT}),
+    ("get", "/info"): Doc("TGI server info", ok={JSON: TgiInfo}),
+    ("get", "/health"): _HEALTH,
+    ("get", "/"): _HEALTH,
+})

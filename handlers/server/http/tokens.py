@@ -11,10 +11,19 @@ from starlette.responses import Response
 
 from handlers.engine.base import Engine
 from handlers.protocols.chat.errors import not_a_text_model
-from handlers.protocols.tokens import detokenize, tokenize
+from handlers.protocols.schemas.openai import OpenAIErrorBody
+from handlers.protocols.schemas.tokens import DetokenizeAnswer, TokenizeAnswer
+from handlers.protocols.tokens import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizePromptRequest,
+    detokenize,
+    tokenize,
+)
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
 from handlers.server.http.answers import to_response
+from handlers.server.http.descriptor import JSON, Doc, Protocol, error_bodies
 from handlers.server.http.guard import guarded
 from handlers.server.http.openai import OPENAI, read_openai
 
@@ -55,3 +64,13 @@ async def detokenize_body(ctx: ServerContext, request: Request, body: Any) -> An
         return Reply(200, detokenize(body, engine.tokenizer, ctx.settings.model_name))
 
     return await guarded(OPENAI, answer)
+
+
+_ERRORS = error_bodies(OpenAIErrorBody, 400, 404, 413, 500, 503)
+PROTOCOL = Protocol(router, {
+    ("post", "/tokenize"): Doc("vLLM's tokenize: a prompt, or chat messages as chat renders them",
+                               TokenizePromptRequest | TokenizeChatRequest,
+                               {JSON: TokenizeAnswer}, _ERRORS),
+    ("post", "/detokenize"): Doc("vLLM's detokenize", DetokenizeRequest,
+                                 {JSON: DetokenizeAnswer}, _ERRORS),
+})
