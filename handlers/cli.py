@@ -113,12 +113,18 @@ def serve(config: Config) -> int:
     on_first_stop_signal(on_signal)
     with StartupCollection() as startup:
         http.start()
-        loaded = _load(config)
-        if loaded is None or stopping.is_set():
-            server.should_exit = True
+        try:
+            loaded = _load(config)
+            if loaded is None or stopping.is_set():
+                server.should_exit = True
+                http.join()
+                return 1 if loaded is None else 0
+            return _run(config, ctx, loaded, http, stop_server, startup.loaded)
+        except Exception:  # whatever it was, the process must not outlive it serving 503s
+            log.exception("the server failed; stopping")
+            stop_server()
             http.join()
-            return 1 if loaded is None else 0
-        return _run(config, ctx, loaded, http, stop_server, startup.loaded)
+            return 1
 
 
 def _run(config: Config, ctx: ServerContext, loaded: Loaded, http: threading.Thread,
@@ -179,7 +185,12 @@ def _load(config: Config) -> Loaded | None:
     if config.embeddings_only:
         loading = _in_thread(lambda: Loaded(None, _load_embedder(config)), "embedding-load")
     else:
-        load = registry.loader(config)
+        try:
+            load = registry.loader(config)  # imports the engine: anything may raise there
+        except Exception as error:  # noqa: BLE001 (logged: the server stops)
+            log.error("importing the engine failed (option.rolling_batch=%s)",
+                      config.rolling_batch, exc_info=error)
+            return None
         source = config.embedding_source
         located = _in_thread(lambda: source and resolve_embedding_source(source,
                                                                          config.model_dir),

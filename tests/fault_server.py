@@ -5,14 +5,19 @@ A request whose prompt holds a marker word makes the batcher fail there:
 - FAULT_STEP: the whole step raises while it is in the batch;
 - FAULT_ABORT: aborting it raises (a client that goes away, a deadline);
 - FAULT_STALL: the step never returns while it is in the batch.
+With LMI_FAULT_ENGINE_IMPORT set, importing the torch engine raises
+(tests/engine_raising_on_import.py).
 Run as `python tests/fault_server.py <lmi-serve arguments>`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 
 from handlers import cli
+from handlers.engine import registry
 from handlers.engine.loop.batcher import ContinuousBatcher
 
 _append, _step, _abort = ContinuousBatcher._append, ContinuousBatcher.step, ContinuousBatcher.abort
@@ -47,6 +52,10 @@ def abort(self: ContinuousBatcher, request_id: str):
 ContinuousBatcher._append = append
 ContinuousBatcher.step = step
 ContinuousBatcher.abort = abort
+
+if os.environ.get("LMI_FAULT_ENGINE_IMPORT"):
+    registry.ENGINES["torch"] = dataclasses.replace(registry.ENGINES["torch"],
+                                                    module="engine_raising_on_import")
 
 if __name__ == "__main__":
     cli.main()

@@ -97,6 +97,8 @@ class SteppableEngine(Protocol):
     """An engine a caller can step synchronously (the DJL entry: one step per `handle()`)."""
 
     model_name: str
+    max_model_len: int
+    tokenizer: Tokenizer
 
     def validate(self, request: GenerationRequest) -> None: ...
 

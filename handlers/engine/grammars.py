@@ -103,10 +103,15 @@ class Grammars:
                 spec.param, f"unknown structured output kind {spec.kind!r}; "
                 f"expected one of {', '.join(_COMPILE)}")
         try:
-            return build(self._get_compiler(spec.param), spec.spec)
+            compiled = build(self._get_compiler(spec.param), spec.spec)
         except RuntimeError as exc:  # xgrammar's errors (bad JSON, unsupported schema...)
             message = f"invalid {spec.kind}: {_reason(exc)}"
             raise RequestValidationError(spec.param, message) from exc
+        if not _can_start(compiled, self._vocab_size):
+            raise RequestValidationError(
+                spec.param, f"the {spec.kind} admits no output: its grammar allows no first "
+                "token (a schema that only refers to itself, say)")
+        return compiled
 
     def start(self, spec: StructuredOutput) -> SequenceGrammar:
         """A sequence's grammar, at its start."""
@@ -150,6 +155,15 @@ def mask_logits(logits: torch.Tensor, grammars: list[SequenceGrammar | None]) ->
     for i in rows:
         if grammars[i].banned is not None:
             logits[i, grammars[i].banned.to(logits.device)] = -torch.inf
+
+
+def _can_start(compiled: xgr.CompiledGrammar, vocab_size: int) -> bool:
+    """Whether the grammar allows some first token (EOS too, when it accepts the empty text)."""
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask, 0)
+    return bool(bitmask.any())
 
 
 def _reason(exc: Exception) -> str:

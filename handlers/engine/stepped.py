@@ -26,6 +26,8 @@ class SteppedEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.model_name = engine.model_name
+        self.max_model_len = engine.max_model_len
+        self.tokenizer = engine.tokenizer
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="engine-loop", daemon=True).start()
         self._call(engine.start())

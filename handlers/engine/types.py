@@ -19,8 +19,11 @@ class FinishReason(str, Enum):
     LENGTH = "length"
     EOS = "eos_token"
     STOP = "stop_sequence"
-    ERROR = "error"
+    ERROR = "error"  # the engine failed it
     ABORT = "abort"
+    # What the request itself asked for left it no way on (a grammar with no continuation):
+    # its own failure, answered as a refusal, never counted against the engine.
+    REFUSED = "refused"
 
 
 class EngineFailure(RuntimeError):

@@ -12,7 +12,7 @@ from handlers.engine.base import Pair
 from handlers.engine.types import FinishReason, RequestOutput, SequenceOutput, Token
 from handlers.protocols.errors import ErrorKind, GenerationError
 
-FAILED = (FinishReason.ERROR, FinishReason.ABORT)
+FAILED = (FinishReason.ERROR, FinishReason.ABORT, FinishReason.REFUSED)
 UNFINISHED = "the engine ended the request without finishing it"
 
 
@@ -33,7 +33,10 @@ class Failure:
 
     @property
     def kind(self) -> ErrorKind:
-        """An abort is the server shutting down; anything else, the engine failing."""
+        """An abort is the server shutting down, a refusal the request's own doing; anything
+        else, the engine failing."""
+        if self.reason is FinishReason.REFUSED:
+            return ErrorKind.VALIDATION
         return ErrorKind.UNAVAILABLE if self.reason is FinishReason.ABORT else ErrorKind.FAILED
 
 

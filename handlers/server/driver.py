@@ -20,6 +20,7 @@ from typing import TypeVar
 import anyio
 
 from handlers.engine.base import Engine, Pair, SteppableEngine
+from handlers.engine.limits import check_limits
 from handlers.engine.types import GenerationRequest, RequestValidationError
 from handlers.protocols.checks import Checks
 from handlers.protocols.errors import GenerationError
@@ -96,15 +97,20 @@ async def first(generation: Generation, accept: Callable[[list[Pair]], T | None]
 def validated(engine: Engine, requests: list[GenerationRequest], checks: Checks
               ) -> list[GenerationRequest]:
     """Each request checked by the engine (its prompt tokenized) and by the protocol, its
-    output length fitted; the protocol's error for the first one refused."""
+    output length fitted, then against what any engine can run (engine/limits.py); the
+    protocol's error for the first one refused."""
     accepted = []
     for index, request in enumerate(requests):
         try:
             request = _engine_checked(engine, request, checks)
         except RequestValidationError as exc:
             raise checks.refusal(exc, index) from None
-        if checks.fit is not None:
+        if checks.fit is not None:  # the protocol's own refusal of a length comes first
             request = checks.fit(request, engine.max_model_len)
+        try:
+            check_limits(request, engine.tokenizer.vocab_size, engine.max_model_len)
+        except RequestValidationError as exc:
+            raise checks.refusal(exc, index) from None
         accepted.append(request)
     return accepted
 

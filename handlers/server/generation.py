@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 import anyio
 
 from handlers.engine.base import Engine, GroupEngine, Pair
-from handlers.engine.types import EngineFailure, FinishReason, GenerationRequest
+from handlers.engine.types import EngineFailure, FinishReason, GenerationRequest, RequestOutput
 from handlers.protocols.errors import ErrorKind, GenerationError
 from handlers.protocols.outputs import UNFINISHED
 from handlers.server.telemetry import RequestObserver
@@ -69,7 +69,9 @@ class Generation:
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._timeout = timeout
         self._timeout_source = timeout_source  # which deadline `timeout` is, for the error
-        self._outcome = outcome or (lambda ok: None)  # each engine request's: failed or not
+        # Each engine request's end, as the engine's health: False for the engine's failure,
+        # True for an answer; a request refused for its own settings is neither.
+        self._outcome = outcome or (lambda ok: None)
         self._open = set(range(len(requests)))  # requests not finished yet
         self._observer = observer  # what /metrics learns of each output
         if isinstance(engine, GroupEngine):
@@ -106,9 +108,15 @@ class Generation:
         for index, output in pairs:
             if output.finished:
                 self._open.discard(index)
-                self._outcome(not any(seq.finish_reason == FinishReason.ERROR
-                                      for seq in output.outputs))
+                self._record(output)
         return pairs
+
+    def _record(self, output: RequestOutput) -> None:
+        reasons = {seq.finish_reason for seq in output.outputs}
+        if FinishReason.ERROR in reasons:
+            self._outcome(False)
+        elif FinishReason.REFUSED not in reasons:
+            self._outcome(True)
 
     async def __aiter__(self) -> AsyncIterator[list[Pair]]:
         try:

@@ -49,7 +49,7 @@ TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))
 # vLLM's finished_reason values; LMI's EOS and stop sequence are both vLLM's "stop".
 FINISHED_REASONS = {FinishReason.EOS: "stop", FinishReason.STOP: "stop",
                     FinishReason.LENGTH: "length", FinishReason.ABORT: "abort",
-                    FinishReason.ERROR: "error"}
+                    FinishReason.ERROR: "error", FinishReason.REFUSED: "error"}
 
 # Route template prefix -> protocol, first match wins ("/" alone is TGI's).
 PROTOCOLS = (

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import server_process
 
@@ -18,9 +19,10 @@ LONG = {"max_new_tokens": 300, "min_new_tokens": 300, "details": True}  # runs p
 
 
 @contextlib.contextmanager
-def faulty_server(tiny_dir: Path, tmp_path: Path, *options: str):
+def faulty_server(tiny_dir: Path, tmp_path: Path, *options: str,
+                  env: dict[str, str] | None = None):
     with server_process(f"option.model_id={tiny_dir}", "option.embedding_model_id=none",
-                        *options, log_path=tmp_path / "server.log",
+                        *options, log_path=tmp_path / "server.log", env=env,
                         program=FAULT_SERVER) as (proc, url):
         yield proc, url
 
@@ -33,14 +35,14 @@ def invoke(url: str, prompt: str, **parameters) -> httpx.Response:
 class Stream:
     """A streaming /invocations request read in a thread: `started` is set at its first line."""
 
-    def __init__(self, url: str, prompt: str) -> None:
+    def __init__(self, url: str, prompt: str, parameters: dict | None = None) -> None:
         self.lines: list[dict] = []
         self.started = threading.Event()
-        self.thread = threading.Thread(target=self._read, args=(url, prompt))
+        body = {"inputs": prompt, "parameters": parameters or LONG, "stream": True}
+        self.thread = threading.Thread(target=self._read, args=(url, body))
         self.thread.start()
 
-    def _read(self, url: str, prompt: str) -> None:
-        body = {"inputs": prompt, "parameters": LONG, "stream": True}
+    def _read(self, url: str, body: dict) -> None:
         with httpx.stream("POST", f"{url}/invocations", json=body, timeout=120) as response:
             for line in response.iter_lines():
                 self.lines.append(orjson.loads(line))
@@ -148,3 +150,43 @@ def test_consecutive_failed_requests_restart_the_engine(tiny_dir, tmp_path):
             assert invoke(url, "FAULT_REQUEST please").status_code == 424
         wait_healthy(url)
         assert restarts(url) == 1 and invoke(url, "hello").status_code == 200
+
+
+def test_a_start_whose_engine_import_raises_exits_1_never_ready(tiny_dir, tmp_path):
+    """The process ends (exit 1, the cause logged) instead of answering /ping 503 forever."""
+    with pytest.raises(RuntimeError, match="exited with code 1 while starting"), \
+            faulty_server(tiny_dir, tmp_path, env={"LMI_FAULT_ENGINE_IMPORT": "1"}):
+        pass  # server_process polls /ping until the process exits: it never said 200
+    log = (tmp_path / "server.log").read_text()
+    assert "importing the engine failed" in log
+    assert "operator torchvision::nms does not exist" in log
+
+
+PROMPT_FOR_120 = "Write a long story about a dragon."
+BAD_SCHEMA = {"type": "json_schema", "json_schema": {"name": "loop", "schema": {"$ref": "#"}}}
+
+
+def test_what_one_client_sends_never_trips_the_breaker_or_fails_another(tiny_dir, tmp_path):
+    """Twelve requests the engine cannot run, on three routes, against a breaker of 3: each is
+    refused naming its field, while a 120-token request in flight runs to its end, readiness
+    stays on and the engine never restarts."""
+    with faulty_server(tiny_dir, tmp_path, "option.max_consecutive_failures=3") as (_, url):
+        running = Stream(url, PROMPT_FOR_120, {"max_new_tokens": 120, "min_new_tokens": 120,
+                                               "details": True})
+        running.started.wait(120)
+        for _ in range(12):
+            lmi = invoke(url, "Say hi", max_new_tokens=4, repetition_penalty=1e308)
+            assert lmi.status_code == 424 and "repetition_penalty" in lmi.json()["error"]
+            generate = httpx.post(f"{url}/v2/models/{tiny_dir.name}/generate", timeout=120,
+                                  json={"text_input": "Say hi", "parameters": {
+                                      "max_new_tokens": 4, "repetition_penalty": 1e308}})
+            assert generate.status_code == 400 and "repetition_penalty" in generate.text
+            chat = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "response_format": BAD_SCHEMA})
+            assert chat.status_code == 400 and "response_format" in chat.text
+            assert ping(url) == 200
+        lines = running.result()
+        assert lines[-1]["details"]["finish_reason"] == "length"
+        assert lines[-1]["details"]["generated_tokens"] == 120
+        assert ping(url) == 200 and restarts(url) == 0

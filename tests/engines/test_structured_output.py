@@ -209,6 +209,21 @@ async def test_a_bad_spec_is_refused_at_validation(engine, spec):
     assert spec.kind in info.value.message
 
 
+@pytest.mark.parametrize("spec", [
+    StructuredOutput("json_schema", '{"$ref": "#"}'),
+    StructuredOutput("json_schema", json.dumps({
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+        "$ref": "#/$defs/a"})),
+    StructuredOutput("grammar", "root ::= root"),
+])
+async def test_a_spec_that_admits_no_output_is_refused_at_validation(engine, spec):
+    """What no token can start would otherwise fail in the engine, step after step."""
+    request = GenerationRequest(prompt="hi", params=SamplingParams(structured=spec))
+    with pytest.raises(RequestValidationError, match="admits no output") as info:
+        engine.validate(request)
+    assert info.value.field == spec.param
+
+
 def test_mask_covers_a_padded_vocabulary(loaded):
     """A model whose logits are wider than the tokenizer: the padding is never allowed."""
     vocab = len(loaded.tokenizer) + 64

@@ -130,6 +130,13 @@ def test_a_refused_streamed_request_is_an_error_on_the_stream(client):
     (lambda c: c.infer(MODEL, [prompts("a")], parameters={"top_k": "all"}),
      "StatusCode.INVALID_ARGUMENT", "parameters.top_k"),
     (lambda c: c.get_model_metadata("other"), "StatusCode.NOT_FOUND", "not served here"),
+    # What no engine can run is refused at once, never left to run until the deadline.
+    (lambda c: c.infer(MODEL, [prompts("a")], parameters={"max_new_tokens": 2**62}),
+     "StatusCode.INVALID_ARGUMENT", "parameters.max_new_tokens"),
+    (lambda c: c.infer(MODEL, [prompts("a")], parameters={"max_new_tokens": 10**9}),
+     "StatusCode.INVALID_ARGUMENT", "parameters.max_new_tokens"),
+    (lambda c: c.infer(MODEL, [prompts("a")], parameters={"repetition_penalty": 1e308}),
+     "StatusCode.INVALID_ARGUMENT", "parameters.repetition_penalty"),
 ])
 def test_errors_are_grpc_status_codes(client, call, code, message):
     with pytest.raises(InferenceServerException) as caught:
@@ -144,7 +151,7 @@ def test_triton_timeout_is_deadline_exceeded_and_frees_the_request():
         slow = triton.InferenceServerClient(f"127.0.0.1:{port}")
         with pytest.raises(InferenceServerException) as caught:
             slow.infer(MODEL, [prompts("a")], timeout=50_000,  # microseconds
-                       parameters={"max_new_tokens": 1000})
+                       parameters={"max_new_tokens": 60})
     assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
     assert engine.aborted == [engine.requests[0].request_id]
 

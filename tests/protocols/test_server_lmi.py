@@ -411,7 +411,7 @@ async def live_url(engine: FakeEngine) -> AsyncIterator[str]:
         yield url
 
 
-LONG = {"inputs": "a b", "parameters": {"max_new_tokens": 1000}}
+LONG = {"inputs": "a b", "parameters": {"max_new_tokens": 60}}
 
 
 async def test_disconnect_mid_stream_aborts_the_request(engine, live_url):
@@ -424,7 +424,7 @@ async def test_disconnect_mid_stream_aborts_the_request(engine, live_url):
     assert orjson.loads(first)["token"]["text"] == " a"
     rid = engine.requests[-1].request_id
     await engine.until(lambda: rid in engine.aborted)
-    assert engine.generated[rid] < 1000  # it did not run to its end
+    assert engine.generated[rid] < 60  # it did not run to its end
 
 
 @pytest.mark.parametrize("stream", [False, True])

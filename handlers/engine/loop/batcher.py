@@ -400,7 +400,9 @@ class ContinuousBatcher:
         if seq.grammar.is_completed():
             seq.finish(FinishReason.STOP)
         else:
-            seq.finish(FinishReason.ERROR, f"token {token_id} does not fit the structured output")
+            seq.finish(FinishReason.REFUSED, "no token fits the structured output here (its "
+                       "grammar, less what min_new_tokens and stop tokens hold back, allows "
+                       "none): it cannot go on")
 
     # -- finishing ------------------------------------------------------------------------------
 

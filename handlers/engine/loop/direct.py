@@ -14,6 +14,8 @@ class DirectStepper:
     def __init__(self, engine: LoopEngine) -> None:
         self.engine = engine
         self.model_name = engine.model_name
+        self.max_model_len = engine.max_model_len
+        self.tokenizer = engine.tokenizer
 
     def validate(self, request: GenerationRequest) -> None:
         self.engine.validate(request)

@@ -1,7 +1,7 @@
 """The asyncio engine of the engines that step in a thread: `Engine` (base.py) over an
 `EngineLoop` that steps a continuous batcher over the engine's own forward passes (a `Runner`).
 
-Requests are validated here (in the caller's thread: tokenizing, sampling settings, grammars),
+Requests are validated here (in the caller's thread: tokenizing, grammars),
 submitted to the loop's inbox and read back from a queue per request. torch releases the GIL
 inside its kernels (llama.cpp inside its calls), so the event loop keeps serving HTTP while a
 step runs.
@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from handlers.engine.hf_tokenizer import HFTokenizer
-from handlers.engine.loop import sampling
 from handlers.engine.loop.batcher import ContinuousBatcher
 from handlers.engine.loop.runner import Runner
 from handlers.engine.loop.thread import EngineLoop
@@ -77,7 +76,6 @@ class LoopEngine:
         if request.adapter is not None:
             raise RequestValidationError("adapter", f"LoRA adapter {request.adapter!r}: this "
                                          "engine serves none (the vllm engine serves adapters)")
-        sampling.validate_params(params, self.vocab_size)
         ids = prompt_ids(request, self.tokenizer.encode, self.max_model_len)
         if params.num_sequences > self.batcher.max_batch_size:
             raise RequestValidationError(

@@ -28,7 +28,7 @@ import torch
 
 from handlers.engine.loop import watermark
 from handlers.engine.loop.row_reductions import row_argmax, row_logsumexp
-from handlers.engine.types import RequestValidationError, SamplingParams
+from handlers.engine.types import SamplingParams
 
 _SAMPLING_EPS = 1e-5  # a lower temperature means greedy, as in vLLM
 _WINDOW = 256  # top-k / top-p look first among this many most likely tokens (see _nucleus)
@@ -38,9 +38,8 @@ _PROMPT_CHUNK = 256  # prompt positions log-softmaxed at once, to bound memory o
 class SequenceSampler:
     """One sequence's sampling state: its settings, seeded generator and generated-token counts.
 
-    Create it when the sequence starts; call `append` with every token it generates. Parameters
-    that would break a whole batch step (ids outside the vocabulary, non-positive top_p...) raise
-    `RequestValidationError` here, so only this request fails.
+    Create it when the sequence starts; call `append` with every token it generates. Its
+    parameters were checked before admission (engine/limits.py): none breaks a batch step.
     """
 
     def __init__(
@@ -52,7 +51,6 @@ class SequenceSampler:
         device: torch.device,
         seed_offset: int = 0,
     ) -> None:
-        validate_params(params, vocab_size)
         self.params = params
         self.generated = 0
         self.last_token = prompt_token_ids[-1] if prompt_token_ids else 0  # for the watermark
@@ -140,21 +138,6 @@ def prompt_logprobs(logits: torch.Tensor, prompt_token_ids: list[int]) -> list[f
         chunk = logits[start : start + _PROMPT_CHUNK].float().log_softmax(-1)
         values += chunk.gather(1, targets[start : start + _PROMPT_CHUNK]).squeeze(1).tolist()
     return [None, *values] if prompt_token_ids else []
-
-
-def validate_params(params: SamplingParams, vocab_size: int) -> None:
-    """Refuse settings `sample` cannot apply (they would fail or poison the whole batch step)."""
-    checks = [
-        ("temperature", params.temperature >= 0, "must be >= 0"),
-        ("top_p", 0 < params.top_p <= 1, "must be in (0, 1]"),
-        ("typical_p", 0 < params.typical_p <= 1, "must be in (0, 1]"),
-        ("min_p", 0 <= params.min_p <= 1, "must be in [0, 1]"),
-        ("repetition_penalty", params.repetition_penalty > 0, "must be > 0"),
-        ("logit_bias", all(0 <= t < vocab_size for t in params.logit_bias), "has an unknown id"),
-    ]
-    for name, ok, message in checks:
-        if not ok:
-            raise RequestValidationError(name, f"{name} {message}")
 
 
 def _ids(token_ids: list[int], device: torch.device) -> torch.Tensor:
