@@ -8,6 +8,10 @@ own), so the ids are those the chat route counts as `prompt_tokens`. It answers 
 `max_model_len`, `tokens` and, with `return_token_strs`, `token_strs` (each id's string in the
 vocabulary; null otherwise). `/detokenize` takes `tokens` and answers their text as `prompt`,
 special tokens included. `model`, when given, must name the served model.
+
+Both are bounded as a body is (413 in OpenAI's shape): a text of at most `MAX_TEXT` characters
+(a second or so of tokenizing on a slow CPU), at most `MAX_IDS` ids; the server tokenizes in
+its workers, never on the event loop, but one request should not hold a worker for long.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from handlers.protocols.chat.requests import (
     ChatMessage,
     Tool,
 )
+from handlers.protocols.errors import ErrorKind
 
 
 class _TokensRequest(BaseModel):
@@ -53,6 +58,8 @@ class DetokenizeRequest(_TokensRequest):
 
 
 R = TypeVar("R", bound=_TokensRequest)
+MAX_TEXT = 1 << 20  # characters of text to tokenize
+MAX_IDS = 1 << 18  # token ids to detokenize
 
 
 def _parse(kind: type[R], body: Any, model: str) -> R:
@@ -66,6 +73,10 @@ def tokenize(body: Any, tokenizer: Tokenizer, model: str, max_model_len: int) ->
     request = _parse(TokenizeChatRequest if is_chat else TokenizePromptRequest, body, model)
     text = _chat_prompt(request, tokenizer) if isinstance(request, TokenizeChatRequest) \
         else request.prompt
+    if len(text) > MAX_TEXT:
+        field = "messages" if is_chat else "prompt"
+        raise OpenAIError(f"{field}: the text to tokenize is {len(text)} characters; the "
+                          f"limit is {MAX_TEXT}", field, ErrorKind.TOO_LARGE)
     ids = tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
     strings = tokenizer.token_strings(ids) if request.return_token_strs else None
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
@@ -85,6 +96,9 @@ def _chat_prompt(request: TokenizeChatRequest, tokenizer: Tokenizer) -> str:
 
 def detokenize(body: Any, tokenizer: Tokenizer, model: str) -> dict[str, str]:
     request = _parse(DetokenizeRequest, body, model)
+    if len(request.tokens) > MAX_IDS:
+        raise OpenAIError(f"tokens: {len(request.tokens)} ids to detokenize; the limit is "
+                          f"{MAX_IDS}", "tokens", ErrorKind.TOO_LARGE)
     unknown = [t for t in request.tokens if not 0 <= t < tokenizer.vocab_size]
     if unknown:
         raise OpenAIError(f"tokens: unknown token ids {unknown[:5]}", "tokens",

@@ -1,5 +1,6 @@
 """What every router serves from: the settings, the served models and their engines (each
-attached once loaded), and the admission limit they share."""
+attached once loaded), the admission limit they share, and the workers that do what would
+hold the event loop (`offload`: tokenizing, chat templates, grammar compilation)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, ParamSpec, TypeVar
+
+import anyio
+import anyio.to_thread
 
 from handlers.engine.base import Embedder, Engine
 from handlers.engine.types import GenerationRequest
@@ -20,6 +24,12 @@ from handlers.server.generation import Admission, Generation
 from handlers.server.telemetry import Telemetry
 
 E = TypeVar("E", Engine, Embedder)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# Threads that tokenize, render chat templates and compile grammars for requests: the
+# tokenizers and xgrammar release the GIL, so the event loop keeps scheduling meanwhile.
+WORKERS = 8
 
 OUTPUT_FORMATTERS = ("json", "jsonlines", "sse")
 
@@ -109,6 +119,7 @@ class ServerContext:
         self.created = int(time.time())
         self.responses = ResponseStore()  # OpenAI Responses kept for retrieval: bounded LRU
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
+        self.workers = anyio.CapacityLimiter(WORKERS)
         self._drains: list[Callable[[], Awaitable[None]]] = []
 
     def text_engine(self, refuse: Refuse, not_served: Callable[[str], ProtocolError]
@@ -119,11 +130,18 @@ class ServerContext:
             raise not_served(self.settings.model_name)
         return self.generator.ready_engine(refuse)
 
-    def generation(self, engine: Engine, requests: list[GenerationRequest], checks: Checks,
-                   timeout: float | None = None) -> Generation:
-        """Validate, admit and submit a client request's engine requests, under the server's
-        deadline (option.predict_timeout) or the request's own `timeout`, whichever is sooner."""
-        requests = validated(engine, requests, checks)
+    async def offload(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`work(*args, **kwargs)` in a worker thread: what takes time in proportion to what
+        a client sent never runs on the event loop, where it would hold every other request."""
+        return await anyio.to_thread.run_sync(lambda: work(*args, **kwargs),
+                                              limiter=self.workers)
+
+    async def generation(self, engine: Engine, requests: list[GenerationRequest],
+                         checks: Checks, timeout: float | None = None) -> Generation:
+        """Validate (in a worker: tokenizing, grammars), admit and submit a client request's
+        engine requests, under the server's deadline (option.predict_timeout) or the request's
+        own `timeout`, whichever is sooner."""
+        requests = await self.offload(validated, engine, requests, checks)
         server = self.settings.predict_timeout
         own = timeout is not None and (server is None or timeout < server)
         outcome = self.generator.failures.record if self.generator is not None else None

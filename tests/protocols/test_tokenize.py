@@ -8,6 +8,8 @@ import httpx
 import openai
 import pytest
 
+from handlers.protocols.tokens import MAX_IDS, MAX_TEXT
+
 pytestmark = pytest.mark.e2e
 
 MODEL = "smollm2-135m-instruct"
@@ -66,6 +68,10 @@ def test_continuing_the_final_message_leaves_it_open(served):
                    "continue_final_message": True}, 400, "continue_final_message"),
     ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
     ("/detokenize", {}, 400, "tokens"),
+    # Bounded as a body is: one request holds a worker for a second at most.
+    ("/tokenize", {"prompt": "a" * (MAX_TEXT + 1)}, 413, "prompt"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "a" * MAX_TEXT}]}, 413, "messages"),
+    ("/detokenize", {"tokens": [1] * (MAX_IDS + 1)}, 413, "tokens"),
 ])
 def test_bad_requests_are_refused_in_openai_s_shape(served, route, body, status, param):
     refused = post(served, route, body)

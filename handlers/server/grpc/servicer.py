@@ -106,8 +106,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         assert generator is not None  # check_model refuses a server without one
         return generator
 
-    def _prepare(self, request: Any, deadline: float | None, stream: bool = False
-                 ) -> tuple[kserve_v2.InferRequest, LmiParameters, Generation]:
+    async def _prepare(self, request: Any, deadline: float | None, stream: bool = False
+                       ) -> tuple[kserve_v2.InferRequest, LmiParameters, Generation]:
         if isinstance(request, Undecodable):  # a streamed message that did not parse
             raise KServeError(request.message)
         engine = self._generator(request.model_name, request.model_version) \
@@ -118,12 +118,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise KServeError("a streamed request takes one prompt")
         gens, params = kserve_v2.generation_requests(infer)
         timeouts = [t for t in (kserve_v2.timeout_seconds(infer), deadline) if t is not None]
-        generation = self.ctx.generation(engine, gens, kserve_v2.CHECKS,
-                                         min(timeouts, default=None))
+        generation = await self.ctx.generation(engine, gens, kserve_v2.CHECKS,
+                                               min(timeouts, default=None))
         return infer, params, generation
 
     async def _infer(self, request: Any, context: Any) -> Any:
-        infer, params, generation = self._prepare(request, context.time_remaining())
+        infer, params, generation = await self._prepare(request, context.time_remaining())
         folded = await driver.complete(generation)
         texts = [(gen.prompt if params.return_full_text else "") + acc.sequences[0].text
                  for gen, acc in zip(generation.requests, folded, strict=True)]
@@ -132,7 +132,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _stream(self, request: Any, send: Any) -> None:
         """One request's responses, one per generated token; its failure as an error message."""
         try:
-            infer, _, generation = self._prepare(request, None, stream=True)
+            infer, _, generation = await self._prepare(request, None, stream=True)
         except (ProtocolError, GenerationError) as exc:
             log.info("streamed request %r refused: %s", request.id, exc.message)
             send(pb.ModelStreamInferResponse(error_message=exc.message))

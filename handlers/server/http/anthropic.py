@@ -83,8 +83,9 @@ def _engine(ctx: ServerContext) -> Engine:
 async def messages_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
-        job = prepare_messages(body, engine.tokenizer, ctx.settings.model_name, engine.adapters)
-        generation = ctx.generation(engine, [job.gen], messages_checks(job.chat))
+        job = await ctx.offload(prepare_messages, body, engine.tokenizer,
+                                ctx.settings.model_name, engine.adapters)
+        generation = await ctx.generation(engine, [job.gen], messages_checks(job.chat))
         watch = disconnect_watch(request)
         if job.request.stream:
             renderer = MessageEvents(job.context, ANTHROPIC_HTTP.__getitem__)
@@ -98,8 +99,8 @@ async def messages_body(ctx: ServerContext, request: Request, body: Any) -> Answ
 async def count_tokens_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
-        return Reply(200, count_tokens(body, engine.tokenizer, ctx.settings.model_name,
-                                       engine.adapters))
+        return Reply(200, await ctx.offload(count_tokens, body, engine.tokenizer,
+                                            ctx.settings.model_name, engine.adapters))
 
     return await guarded(ANTHROPIC, answer)
 

@@ -71,7 +71,7 @@ async def _answer(ctx: ServerContext, request: Request, model: str, version: str
         engine = _engine(ctx, model, version)
         parsed = parse_generate_request(body)
         gen = generation_request(parsed)
-        generation = ctx.generation(engine, [gen], CHECKS, parsed.parameters.timeout)
+        generation = await ctx.generation(engine, [gen], CHECKS, parsed.parameters.timeout)
         renderer = GenerateRenderer(parsed, model, version, gen.arrival_time,
                                     ctx.settings.full_text_enabled)
         watch = disconnect_watch(request)

@@ -110,7 +110,7 @@ async def _predict(ctx: ServerContext, request: Request, model: str, body: Any) 
                 raise KServeError(exc.message) from None
             return Reply(200, kserve_v1.render_predictions(result.vectors))
         pairs = kserve_v1.generation_requests(body)
-        generation = ctx.generation(engine, [gen for gen, _ in pairs], kserve_v1.CHECKS)
+        generation = await ctx.generation(engine, [gen for gen, _ in pairs], kserve_v1.CHECKS)
         folded = await driver.complete(generation, disconnect_watch(request))
         texts = [(gen.prompt if full else "") + acc.sequences[0].text
                  for (gen, full), acc in zip(pairs, folded, strict=True)]
@@ -189,7 +189,7 @@ async def _infer(ctx: ServerContext, request: Request, model: str, version: str 
         infer = kserve_v2.parse_rest_request(header, binary)
         adopt_request_id(infer.id)
         gens, params = kserve_v2.generation_requests(infer)
-        generation = ctx.generation(engine, gens, kserve_v2.CHECKS,
+        generation = await ctx.generation(engine, gens, kserve_v2.CHECKS,
                                     kserve_v2.timeout_seconds(infer))
         folded = await driver.complete(generation, disconnect_watch(request))
         texts = [(gen.prompt if params.return_full_text else "") + acc.sequences[0].text

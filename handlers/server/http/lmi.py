@@ -86,7 +86,7 @@ async def _rolling(ctx: ServerContext, engine: Engine, request: Request, body: A
     opts = RenderOptions.for_request(lmi, settings.tgi_compat)
     style = answer_style(lmi, settings.output_formatter, settings.tgi_compat)
     log.info("LMI request %s, stream=%s", gen.request_id, lmi.stream)
-    generation = ctx.generation(engine, [gen], CHECKS)
+    generation = await ctx.generation(engine, [gen], CHECKS)
     watch = disconnect_watch(request)
     if style is not None:
         return await driver.stream(generation, TokenEvents(opts, style), LMI_FRAMING[style],
@@ -102,7 +102,7 @@ async def _dynamic(ctx: ServerContext, engine: Engine, request: Request, body: A
                           DynamicError)
     gens = to_generation_requests(parsed, adapter)
     log.info("dynamic-batch request with %d inputs", len(gens))
-    generation = ctx.generation(engine, gens, dynamic_checks(parsed))
+    generation = await ctx.generation(engine, gens, dynamic_checks(parsed))
     watch = disconnect_watch(request)
     if ctx.settings.dynamic_streaming:
         renderer = LineEvents(len(gens), LMI_HTTP.__getitem__)

@@ -81,10 +81,11 @@ async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
         settings = ctx.settings
-        job = prepare_chat(body, engine.tokenizer, settings.model_name,
-                           settings.full_text_enabled, engine.adapters)
+        job = await ctx.offload(prepare_chat, body, engine.tokenizer, settings.model_name,
+                                settings.full_text_enabled, engine.adapters)
         _warn_ignored(job.request)
-        generation = ctx.generation(engine, [job.gen], checks(job.request, lambda _: "messages"))
+        fields = checks(job.request, lambda _: "messages")
+        generation = await ctx.generation(engine, [job.gen], fields)
         watch = disconnect_watch(request)
         if job.request.stream:
             renderer = chat_events(job.context, job.options, HTTP.__getitem__)
@@ -98,12 +99,12 @@ async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
 async def completion_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
-        job = prepare_completion(body, engine.tokenizer, ctx.settings.model_name,
-                                 engine.adapters)
+        job = await ctx.offload(prepare_completion, body, engine.tokenizer,
+                                ctx.settings.model_name, engine.adapters)
         _warn_ignored(job.request)
         one = len(job.gens) == 1
         fields = checks(job.request, lambda i: "prompt" if one else f"prompt[{i}]")
-        generation = ctx.generation(engine, job.gens, fields)
+        generation = await ctx.generation(engine, job.gens, fields)
         watch = disconnect_watch(request)
         if job.request.stream:
             renderer = completion_events(job.context, job.options, HTTP.__getitem__)

@@ -108,7 +108,7 @@ async def create_body(ctx: ServerContext, request: Request, body: Any) -> Answer
                                store.conversation, engine.adapters)
         if ignored := job.request.ignored_fields:
             log.warning("ignoring unknown fields %s", ignored)
-        generation = ctx.generation(engine, [job.gen], checks(job.chat, lambda _: "input"))
+        generation = await ctx.generation(engine, [job.gen], checks(job.chat, lambda _: "input"))
         render = ResponsesStream(job.options)
         keep = functools.partial(_keep, store, job)
         watch = disconnect_watch(request)

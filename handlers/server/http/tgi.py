@@ -95,7 +95,7 @@ async def _answer(ctx: ServerContext, request: Request, body: Any, mode: Mode
         stream = parsed.stream if mode == "compat" else mode == "stream"
         if stream:
             return StreamReply(_stream(ctx, parsed), Framing.SSE)
-        generation = _start(ctx, parsed, stream=False)
+        generation = await _start(ctx, parsed, stream=False)
         gen = generation.requests[0]
         rendering = Rendering.of(parsed, gen, compat=mode == "compat")
         folded = await driver.complete(generation, disconnect_watch(request))
@@ -105,12 +105,12 @@ async def _answer(ctx: ServerContext, request: Request, body: Any, mode: Mode
     return await guarded(TGI, answer)
 
 
-def _start(ctx: ServerContext, parsed: TgiRequest, stream: bool) -> Generation:
+async def _start(ctx: ServerContext, parsed: TgiRequest, stream: bool) -> Generation:
     """TGI's validation, then the engine's and the output length; admitted and submitted."""
     engine = ctx.text_engine(TgiError, _not_a_text_model)
     tgi.validate(parsed, stream)
     gen = tgi.generation_request(parsed, ctx.settings.model_name, engine.adapters)
-    return ctx.generation(engine, [gen], tgi.checks(parsed))
+    return await ctx.generation(engine, [gen], tgi.checks(parsed))
 
 
 def _not_a_text_model(model: str) -> TgiError:
@@ -121,7 +121,7 @@ def _not_a_text_model(model: str) -> TgiError:
 async def _stream(ctx: ServerContext, parsed: TgiRequest) -> AsyncIterator[list[Event]]:
     """Every token as an event; any failure, from validation on, as the last event."""
     try:
-        generation = _start(ctx, parsed, stream=True)
+        generation = await _start(ctx, parsed, stream=True)
     except (TgiError, GenerationError) as exc:
         error = exc if isinstance(exc, TgiError) else TgiError.of(exc)
         log.info("TGI stream refused: %s", error.message)

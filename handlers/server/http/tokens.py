@@ -52,8 +52,8 @@ def _engine(ctx: ServerContext) -> Engine:
 async def tokenize_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
-        return Reply(200, tokenize(body, engine.tokenizer, ctx.settings.model_name,
-                                   engine.max_model_len))
+        return Reply(200, await ctx.offload(tokenize, body, engine.tokenizer,
+                                            ctx.settings.model_name, engine.max_model_len))
 
     return await guarded(OPENAI, answer)
 
@@ -61,7 +61,8 @@ async def tokenize_body(ctx: ServerContext, request: Request, body: Any) -> Answ
 async def detokenize_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
         engine = _engine(ctx)
-        return Reply(200, detokenize(body, engine.tokenizer, ctx.settings.model_name))
+        return Reply(200, await ctx.offload(detokenize, body, engine.tokenizer,
+                                            ctx.settings.model_name))
 
     return await guarded(OPENAI, answer)
 
