@@ -9,6 +9,9 @@ option.enforce_eager=false decodes through the graphs and answers as an eager on
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -22,7 +25,8 @@ from server_process import running_server
 
 from handlers.engine.loop.runner import PrefillChunk
 from handlers.engine.machine import has_native_bf16
-from handlers.engine.torch.decode_graphs import DecodeGraphs
+from handlers.engine.torch.decode_graphs import DecodeGraphs, watch_compile
+from handlers.engine.torch.decode_step import graph_specs
 from handlers.engine.torch.graph_constants import SUFFIX
 from handlers.engine.torch.loader import LoadedModel, load_model
 from handlers.engine.torch.model_runner import ModelRunner
@@ -186,3 +190,17 @@ def test_a_default_server_decodes_through_the_graphs_and_answers_as_an_eager_one
     with running_server(*server, env=eager_env, log_path=tmp_path / "eager.log") as url:
         assert metric(url, "lmi_decode_graphs_total") is None
         assert completion(url) == text
+
+
+def test_a_compile_that_left_every_graph_is_reaped_once_it_exits(tmp_path):
+    """Every graph loads while the compile process still runs (it exits a moment after
+    writing them): it is still waited for, never left <defunct>."""
+    done = tmp_path / "written"
+    script = f"import pathlib, time; pathlib.Path({str(done)!r}).touch(); time.sleep(0.5)"
+    process = subprocess.Popen([sys.executable, "-c", script])
+    specs = graph_specs(4, "float32")
+    left = watch_compile(process, list(specs), lambda spec: done.exists(), poll_s=0.01)
+    assert left == []
+    assert process.returncode == 0  # waited for: its exit status was collected
+    with pytest.raises(ChildProcessError):
+        os.waitpid(process.pid, os.WNOHANG)  # no child of that pid is left to reap

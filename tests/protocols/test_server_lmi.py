@@ -229,6 +229,13 @@ async def test_malformed_json_is_424(client):
     assert response.json()["error"].startswith("request body is not valid JSON")
 
 
+async def test_a_body_that_is_not_utf8_says_where(client):
+    response = await client.post("/invocations", content=b'{"inputs": "caf\xe9"}')
+    assert response.status_code == 424
+    assert response.json()["error"] == ("request body is not valid JSON: it is not UTF-8 from "
+                                        "byte 15 on (0xe9: invalid continuation byte)")
+
+
 async def test_prompt_over_the_context_is_424(client):
     response = await invoke(client, {"inputs": "w " * 100})
     assert response.status_code == 424

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 # Free memory wanted, in weights: the subprocess's model, its frozen copy and the constants it
 # stores, then the graphs' mapped constants (the packed weights, once for both).
 MEMORY_FACTOR = 6
+_EXIT_GRACE_S = 60  # how long a compile that left every graph may take to exit
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
          "invariant_attention.py", "fused_projections.py", "graph_constants.py")
 Graph = Callable[..., torch.Tensor]
@@ -144,18 +145,35 @@ class DecodeGraphs:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", decode_step.__name__, json.dumps(job)], stdout=sink,
                 stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19))
-        while pending:
-            finished = self._process.poll() is not None  # before looking: files it left count
-            pending = [spec for spec in pending if not self._load_cached(spec)]
-            if finished:
-                break
-            time.sleep(1)
+        pending = watch_compile(self._process, pending, self._load_cached)
         if pending:
             log.warning("decode graphs %s were not compiled (exit code %s; see %s); the decode "
                         "step stays eager for them", ", ".join(s.name for s in pending),
                         self._process.returncode, compile_log)
         else:
             log.info("decode graphs compiled in %.0f s", time.perf_counter() - began)
+
+
+def watch_compile(process: subprocess.Popen, pending: list[GraphSpec],
+                  load: Callable[[GraphSpec], bool], poll_s: float = 1.0) -> list[GraphSpec]:
+    """Load each graph as the compiling `process` leaves it; what it left unloaded once it
+    exited. The process is always waited for (reaped), even when every graph loaded before it
+    exited: else it stays <defunct> for the server's lifetime."""
+    try:
+        while pending:
+            finished = process.poll() is not None  # before looking: files it left count
+            pending = [spec for spec in pending if not load(spec)]
+            if finished:
+                break
+            time.sleep(poll_s)
+    finally:
+        try:
+            process.wait(timeout=_EXIT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the decode-graph compile did not exit once done; killing it")
+            process.kill()
+            process.wait()
+    return pending
 
 
 def _read_ahead(path: Path) -> None:

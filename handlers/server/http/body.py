@@ -59,11 +59,22 @@ def decode_json(raw: bytes, not_json: str = "request body is not valid JSON") ->
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise BodyError(f"{not_json}: {exc}", ErrorKind.VALIDATION) from None
+        raise BodyError(f"{not_json}: {_why(raw, exc)}", ErrorKind.VALIDATION) from None
     if containers > MAX_DEPTH and too_deep(value):  # fewer containers cannot nest that deep
         raise BodyError(f"the JSON body nests deeper than {MAX_DEPTH} levels",
                         ErrorKind.VALIDATION)
     return value
+
+
+def _why(raw: bytes, exc: orjson.JSONDecodeError) -> str:
+    """orjson's reason, or where the body stops being UTF-8 (orjson says "surrogates not
+    allowed" of any invalid byte)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return (f"it is not UTF-8 from byte {bad.start} on ({raw[bad.start]:#04x}: "
+                f"{bad.reason})")
+    return str(exc)
 
 
 async def read_json(request: Request, limit: int) -> Any:
