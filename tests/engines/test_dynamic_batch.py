@@ -330,7 +330,8 @@ async def test_a_stream_failing_after_text_ends_with_the_failure_body():
 
 @pytest.fixture
 async def live(request) -> AsyncIterator[tuple[FakeEngine, str]]:
-    engine = FakeEngine(token_delay=0.01)
+    # A context as long as the request it runs, which would take 1000 s to its end.
+    engine = FakeEngine(token_delay=0.01, max_model_len=100_000)
     async with serving_here(served(engine, batch_size=1, delay_ms=0,
                                    streaming=request.param)) as url:
         yield engine, url

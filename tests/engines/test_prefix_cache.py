@@ -21,11 +21,33 @@ def setup(max_tokens: int = 1024) -> tuple[SlotKVCache, PrefixCache, dict[str, i
 
 
 def fill(cache: SlotKVCache, slot: int, length: int, seed: int) -> None:
-    """Give the slot's first `length` positions distinct values, as a prefill would."""
-    cache.reserve(length)
+    """Give the slot's first `length` positions distinct values, as a prefill writes them."""
     gen = torch.Generator().manual_seed(seed)
-    for buf in (*cache.keys, *cache.values):
-        buf[slot, :, :length] = torch.randn(buf[slot, :, :length].shape, generator=gen)
+    cache.bind(torch.tensor([slot]), torch.arange(length)[None, :], length)
+    heads, dim = cache.keys[0].shape[1], cache.keys[0].shape[3]
+    for layer in range(len(cache.keys)):
+        key, value = (torch.randn((1, heads, length, dim), generator=gen) for _ in range(2))
+        cache.update(key, value, layer)
+
+
+def held(cache: SlotKVCache, slot: int, length: int) -> list[torch.Tensor]:
+    return [buf[slot, :, :length].clone() for buf in (*cache.keys, *cache.values)]
+
+
+def test_the_cache_grows_and_shrinks_keeping_what_each_slot_holds():
+    """Growing copies what the slots hold; releasing the long sequence gives the room back
+    (the other slot's values intact), and an idle cache is back to its first size."""
+    cache, _, _ = setup()
+    fill(cache, 1, 10, seed=1)
+    short = held(cache, 1, 10)
+    fill(cache, 0, 300, seed=2)
+    assert cache.capacity >= 300 and cache.lengths[:2] == [300, 10]
+    assert all(torch.equal(a, b) for a, b in zip(short, held(cache, 1, 10), strict=True))
+    cache.release(0)
+    assert cache.capacity == 64  # the initial length: twice the 10 still held is less
+    assert all(torch.equal(a, b) for a, b in zip(short, held(cache, 1, 10), strict=True))
+    cache.release(1)
+    assert cache.lengths == [0, 0, 0, 0] and cache.capacity == 64
 
 
 def test_a_prompt_reuses_all_it_shares_and_it_holds_the_same_values():

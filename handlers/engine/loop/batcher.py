@@ -4,7 +4,8 @@ thread (torch, llama.cpp), over the engine's `Runner`.
 Each step admits waiting requests while cache slots are free (a prompt that begins as a recent
 one did starts from that one's keys/values: prefix_cache.py), runs one prefill chunk for
 requests still reading their prompt (bounded by `max_prefill_tokens`, so running sequences never
-stall for long), runs one decode pass over every running sequence, samples each row with its
+stall for long, and shared so that a short prompt never waits behind long ones:
+`_prefill_plan`), runs one decode pass over every running sequence, samples each row with its
 own settings and emits one output per request that moved. A finished or aborted sequence frees
 its slot at once. Running sequences always sit in slots 0..B-1 (the decode pass reads a view of
 the cache); a sequence that finishes hands its slot to the last one.
@@ -217,18 +218,40 @@ class ContinuousBatcher:
 
     # -- prefill --------------------------------------------------------------------------------
 
+    def _prefill_plan(self) -> dict[str, int]:
+        """How many prompt tokens each prefilling request reads this step, `max_prefill_tokens`
+        in all. The oldest is sure of half the budget, so it always progresses; the rest goes
+        to the prompts with the fewest tokens left, so a short prompt that arrives behind long
+        ones starts within a step or two instead of after them. Without chunked prefill (a
+        budget of the whole context) prompts are read whole."""
+        def remaining(state: RequestState) -> int:
+            return len(state.prompt_ids) - state.sequences[0].cached
+
+        oldest = self.prefilling[0]
+        whole = self.max_prefill_tokens >= self.max_model_len  # chunked prefill is off
+        share = self.max_prefill_tokens if whole or len(self.prefilling) == 1 \
+            else self.max_prefill_tokens // 2
+        plan = {oldest.request_id: min(remaining(oldest), share)}
+        left = self.max_prefill_tokens - plan[oldest.request_id]
+        for state in sorted(self.prefilling, key=remaining):
+            planned = plan.get(state.request_id, 0)
+            more = min(remaining(state) - planned, left)
+            if whole and more < remaining(state) - planned:
+                break  # it would not be read whole; neither would a longer one
+            plan[state.request_id] = planned + more
+            left -= more
+        return plan
+
     def _prefill(self, touched: dict[str, RequestState]) -> None:
-        budget, chunks, states = self.max_prefill_tokens, [], []
-        for state in self.prefilling:
-            if budget <= 0:
-                break
+        plan, chunks, states = self._prefill_plan(), [], []
+        for state in self.prefilling:  # oldest first, as the pass has always run them
+            if (size := plan.get(state.request_id, 0)) <= 0:
+                continue
             seq = state.sequences[0]
-            size = min(len(state.prompt_ids) - seq.cached, budget)
             chunks.append(PrefillChunk(slot=seq.slot, start=seq.cached,
                                        token_ids=state.prompt_ids[seq.cached : seq.cached + size],
                                        all_logits=state.prompt_logprobs is not None))
             states.append(state)
-            budget -= size
         try:
             logits = self.runner.prefill(chunks)
         except Exception as exc:

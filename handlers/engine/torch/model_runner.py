@@ -160,3 +160,4 @@ class ModelRunner:
 
     def release(self, slot: int) -> None:
         """The slot's sequence ended; its next user overwrites what it cached."""
+        self.cache.release(slot)
