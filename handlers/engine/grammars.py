@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from handlers.engine import grammar_language
 from handlers.engine.plain_tokenizer import PlainTokenizer
 from handlers.engine.types import RequestValidationError, StructuredOutput
 
@@ -107,10 +108,14 @@ class Grammars:
         except RuntimeError as exc:  # xgrammar's errors (bad JSON, unsupported schema...)
             message = f"invalid {spec.kind}: {_reason(exc)}"
             raise RequestValidationError(spec.param, message) from exc
+        if grammar_language.is_empty(str(compiled.grammar)):
+            raise RequestValidationError(
+                spec.param, f"the {spec.kind} admits no output: no finite text matches it (a "
+                "schema whose objects must hold themselves, say)")
         if not _can_start(compiled, self._vocab_size):
             raise RequestValidationError(
-                spec.param, f"the {spec.kind} admits no output: its grammar allows no first "
-                "token (a schema that only refers to itself, say)")
+                spec.param, f"the {spec.kind} admits no output: no token of the vocabulary "
+                "starts a match")
         return compiled
 
     def start(self, spec: StructuredOutput) -> SequenceGrammar:

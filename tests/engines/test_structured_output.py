@@ -215,6 +215,9 @@ async def test_a_bad_spec_is_refused_at_validation(engine, spec):
         "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
         "$ref": "#/$defs/a"})),
     StructuredOutput("grammar", "root ::= root"),
+    StructuredOutput("json_schema", json.dumps({
+        "type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]})),
+    StructuredOutput("grammar", 'root ::= "a" root'),
 ])
 async def test_a_spec_that_admits_no_output_is_refused_at_validation(engine, spec):
     """What no token can start would otherwise fail in the engine, step after step."""

@@ -176,3 +176,35 @@ def test_a_cut_off_answer_says_length_and_makes_no_call(client):
     with pytest.raises(openai.LengthFinishReasonError):
         client.chat.completions.parse(model=MODEL, messages=ASK_PERSON, response_format=Pet,
                                       max_tokens=3)
+
+
+LOOP = {"$ref": "#"}  # a schema that only refers to itself: no JSON text satisfies it
+LOOP_CHAT = {"messages": ASK_PERSON, "max_tokens": 8}
+
+
+@pytest.mark.parametrize(("route", "body", "status", "field"), [
+    ("/v1/chat/completions", {**LOOP_CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "loop", "schema": LOOP}}}, 400,
+     "response_format"),
+    ("/v1/chat/completions", {**LOOP_CHAT, "tools": [{"type": "function", "function": {
+        "name": "loop", "parameters": LOOP}}], "tool_choice": {
+        "type": "function", "function": {"name": "loop"}}}, 400, "tools"),
+    ("/v1/responses", {"input": "Invent a person.", "max_output_tokens": 8, "text": {
+        "format": {"type": "json_schema", "name": "loop", "schema": LOOP}}}, 400, "text"),
+    ("/v1/messages", {**LOOP_CHAT, "model": MODEL, "tools": [
+        {"name": "loop", "input_schema": {"type": "object", "properties": {"a": LOOP},
+                                          "required": ["a"]}}],
+        "tool_choice": {"type": "tool", "name": "loop"}}, 400, "tools"),
+    ("/generate", {"inputs": "Invent a person.", "parameters": {
+        "max_new_tokens": 8, "grammar": {"type": "json", "value": {
+            "type": "object", "properties": {"a": LOOP}, "required": ["a"]}}}}, 422, "grammar"),
+])
+def test_a_schema_no_output_satisfies_is_refused_on_every_route_that_takes_one(
+        url, route, body, status, field):
+    """Refused before admission, naming the field, instead of failing in the engine (which
+    counted toward option.max_consecutive_failures)."""
+    import httpx
+
+    refused = httpx.post(f"{url}{route}", json=body, timeout=60)
+    assert refused.status_code == status, refused.text
+    assert field in refused.text and "admits no output" in refused.text
