@@ -32,6 +32,7 @@ from schemathesis.specs.openapi.checks import (
 from server_process import free_port
 from tritonclient.grpc import service_pb2 as pb
 
+from handlers.engine.limits import check_limits
 from handlers.engine.types import GenerationRequest, RequestValidationError
 
 MODEL = "fake-model"
@@ -72,8 +73,13 @@ def grpc_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app(grpc_port) -> Any:
-    return served_app(BoundedEngine(), FakeEmbeddingEngine(), max_request_size=1024 * 1024,
+def engine() -> BoundedEngine:
+    return BoundedEngine()
+
+
+@pytest.fixture(scope="module")
+def app(engine, grpc_port) -> Any:
+    return served_app(engine, FakeEmbeddingEngine(), max_request_size=1024 * 1024,
                       grpc_host="127.0.0.1", grpc_port=grpc_port)
 
 
@@ -193,11 +199,17 @@ GARBAGE: list[tuple[str, bytes, str]] = [
 FIELDS = ["inputs", "parameters", "stream", "messages", "prompt", "input", "model", "n",
           "max_tokens", "temperature", "stop", "text_input", "id", "instances", "inputs",
           "outputs", "tools", "tool_choice", "response_format", "logit_bias", "best_of",
-          "stream_options", "encoding_format", "dimensions", "echo", "logprobs"]
+          "stream_options", "encoding_format", "dimensions", "echo", "logprobs",
+          "frequency_penalty", "presence_penalty", "repetition_penalty", "top_p", "seed",
+          "stop_token_ids", "min_tokens", "min_p"]
 PARAMETERS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "n",
               "best_of", "details", "grammar", "truncate", "timeout", "priority",
-              "decoder_input_details", "top_n_tokens", "return_full_text", "stop_token_ids"]
-WRONG = [None, True, -1, 2**70, 1.5, -1e308, "x", "", [], [None], {}, {"a": [1]}, [[[]]]]
+              "decoder_input_details", "top_n_tokens", "return_full_text", "stop_token_ids",
+              "repetition_penalty", "presence_penalty", "frequency_penalty", "typical_p",
+              "min_p", "min_new_tokens"]
+# Wrong types, and numbers no sampler can run (past float32, denormal, past 64 bits).
+WRONG = [None, True, -1, 2**70, 1.5, -1e308, "x", "", [], [None], {}, {"a": [1]}, [[[]]],
+         1e308, 1e-320, 2**63, [2**63], {"5": 1e300}]
 
 
 def _wrong_bodies(route: int) -> list[Any]:
@@ -243,6 +255,14 @@ def test_garbage_bodies_get_no_server_error(url, path):
                 failures.append((body, reply.status_code, reply.text[:300]))
     assert not failures
     answers_normally(url)
+
+
+def test_nothing_the_fuzzing_sent_reached_the_engine_past_its_limits(url, engine):
+    """Whatever the sweeps above sent, each request the engine ran is one it can run: every
+    out-of-range setting was refused (a 4xx) or never read, not handed on."""
+    assert engine.requests  # the sweeps ran (this module's tests run in order)
+    for request in engine.requests:
+        check_limits(request, engine.tokenizer.vocab_size, engine.max_model_len)
 
 
 # --- gRPC -------------------------------------------------------------------------------------
