@@ -50,6 +50,7 @@ SLOW_REQUESTS = [
     ("/invocations", {"inputs": f"a {BLOCK}", "parameters": {"max_new_tokens": 2}}),
     ("/v1/messages", {**CHAT, "model": MODEL}),
     ("/v1/messages/count_tokens", {**CHAT, "model": MODEL}),
+    ("/v1/responses", {"input": f"a {BLOCK}", "max_output_tokens": 2}),
     (f"/v2/models/{MODEL}/generate", {"text_input": f"a {BLOCK}"}),
 ]
 

@@ -8,6 +8,7 @@ unknown, as a deleted one's).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -30,28 +31,35 @@ class Stored:
 
 
 class ResponseStore:
+    """Bounded, least recently used first out; safe from several threads (a request's prompt
+    is prepared in a worker while others store theirs)."""
+
     def __init__(self, capacity: int = STORE_CAPACITY) -> None:
         self.capacity = capacity
         self._stored: OrderedDict[str, Stored] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._stored)
 
     def put(self, stored: Stored) -> None:
         key = stored.response["id"]
-        self._stored[key] = stored
-        self._stored.move_to_end(key)
-        while len(self._stored) > self.capacity:
-            self._stored.popitem(last=False)
+        with self._lock:
+            self._stored[key] = stored
+            self._stored.move_to_end(key)
+            while len(self._stored) > self.capacity:
+                self._stored.popitem(last=False)
 
     def get(self, response_id: str) -> Stored | None:
-        stored = self._stored.get(response_id)
-        if stored is not None:
-            self._stored.move_to_end(response_id)
-        return stored
+        with self._lock:
+            stored = self._stored.get(response_id)
+            if stored is not None:
+                self._stored.move_to_end(response_id)
+            return stored
 
     def delete(self, response_id: str) -> bool:
-        return self._stored.pop(response_id, None) is not None
+        with self._lock:
+            return self._stored.pop(response_id, None) is not None
 
     def conversation(self, response_id: str) -> list[dict[str, Any]] | None:
         stored = self.get(response_id)
