@@ -227,6 +227,15 @@ async def test_a_spec_that_admits_no_output_is_refused_at_validation(engine, spe
     assert info.value.field == spec.param
 
 
+async def test_a_spec_too_long_to_compile_quickly_is_refused_before_compiling(engine):
+    huge = json.dumps({"enum": [f"value {i}" for i in range(30_000)]})  # ~400 KB
+    request = GenerationRequest(prompt="hi", params=SamplingParams(
+        structured=StructuredOutput("json_schema", huge)))
+    with pytest.raises(RequestValidationError, match="at most 262144 are compiled") as info:
+        engine.validate(request)
+    assert info.value.field == "response_format"
+
+
 def test_mask_covers_a_padded_vocabulary(loaded):
     """A model whose logits are wider than the tokenizer: the padding is never allowed."""
     vocab = len(loaded.tokenizer) + 64
