@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import jinja2
@@ -140,3 +142,19 @@ def test_what_transformers_would_change_is_left_to_transformers(
         files: Path, tmp_path: Path, changes: dict) -> None:
     path = _edit_config(shutil.copytree(files, tmp_path / "changed"), **changes)
     assert plain_tokenizer.load(path) is None
+
+
+def test_encoding_a_long_text_lets_other_threads_run(files: Path) -> None:
+    """The server tokenizes in worker threads: a long prompt must not hold the GIL (and so
+    the event loop) while it is encoded. The main thread counts how often it ran meanwhile."""
+    plain = plain_tokenizer.load(files)
+    text = "the quick brown fox jumps over a lazy dog " * 50_000  # 2 MB: about a second
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (plain.encode(text), done.set()))
+    ran = 0
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)  # gives the GIL up; it comes back only if the encoding lets it go
+        ran += 1
+    worker.join()
+    assert ran >= 50
