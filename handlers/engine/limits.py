@@ -37,8 +37,8 @@ def check_limits(request: GenerationRequest, vocab_size: int, max_model_len: int
     """Refuse (RequestValidationError naming the field) a setting no engine can run."""
     params = request.params
     for field, ok, rule in _float_rules(params) + _integer_rules(params, max_model_len):
-        if not ok:
-            raise RequestValidationError(field, f"{field} {rule}")
+        if not ok:  # the protocol's refusal names the field
+            raise RequestValidationError(field, rule)
     ids = [("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids),
            ("inputs", request.prompt_token_ids or ())]
     for field, tokens in ids:

@@ -45,7 +45,7 @@ def test_what_no_engine_can_run_is_refused_naming_its_field(params: dict, field:
     with pytest.raises(RequestValidationError) as error:
         check(**params)
     assert error.value.field == field
-    assert error.value.message.startswith(field) or "token id" in error.value.message
+    assert error.value.message.startswith(("must", "values must", "token id"))
 
 
 @pytest.mark.parametrize("params", [
