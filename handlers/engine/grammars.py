@@ -100,21 +100,9 @@ class Grammars:
         self._lock = threading.Lock()
 
     def compile(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
-        """The compiled grammar for `spec`; raises RequestValidationError(spec.param, ...)."""
-        build = _COMPILE.get(spec.kind)
-        if len(spec.spec or "") > MAX_SPEC_CHARS:
-            raise RequestValidationError(
-                spec.param, f"the {spec.kind} is {len(spec.spec)} characters; at most "
-                f"{MAX_SPEC_CHARS} are compiled")
-        if build is None:
-            raise RequestValidationError(
-                spec.param, f"unknown structured output kind {spec.kind!r}; "
-                f"expected one of {', '.join(_COMPILE)}")
-        try:
-            compiled = build(self._get_compiler(spec.param), spec.spec)
-        except RuntimeError as exc:  # xgrammar's errors (bad JSON, unsupported schema...)
-            message = f"invalid {spec.kind}: {_reason(exc)}"
-            raise RequestValidationError(spec.param, message) from exc
+        """The compiled grammar for `spec`, checked to admit some output (what validation
+        asks); raises RequestValidationError(spec.param, ...)."""
+        compiled = self._build(spec)
         if grammar_language.is_empty(str(compiled.grammar)):
             raise RequestValidationError(
                 spec.param, f"the {spec.kind} admits no output: no finite text matches it (a "
@@ -126,12 +114,29 @@ class Grammars:
         return compiled
 
     def start(self, spec: StructuredOutput) -> SequenceGrammar:
-        """A sequence's grammar, at its start."""
+        """A sequence's grammar, at its start (its spec was `compile`d at validation: this is
+        a cache lookup, without those checks again on the engine's thread)."""
         import xgrammar as xgr
 
-        matcher = xgr.GrammarMatcher(self.compile(spec))
+        matcher = xgr.GrammarMatcher(self._build(spec))
         banned = self._control_ids if spec.kind in _JSON_KINDS else None
         return SequenceGrammar(matcher, banned, self._vocab_size, self._stop_token_ids)
+
+    def _build(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
+        build = _COMPILE.get(spec.kind)
+        if len(spec.spec or "") > MAX_SPEC_CHARS:
+            raise RequestValidationError(
+                spec.param, f"the {spec.kind} is {len(spec.spec)} characters; at most "
+                f"{MAX_SPEC_CHARS} are compiled")
+        if build is None:
+            raise RequestValidationError(
+                spec.param, f"unknown structured output kind {spec.kind!r}; "
+                f"expected one of {', '.join(_COMPILE)}")
+        try:
+            return build(self._get_compiler(spec.param), spec.spec)
+        except RuntimeError as exc:  # xgrammar's errors (bad JSON, unsupported schema...)
+            message = f"invalid {spec.kind}: {_reason(exc)}"
+            raise RequestValidationError(spec.param, message) from exc
 
     def _get_compiler(self, param: str) -> xgr.GrammarCompiler:
         with self._lock:

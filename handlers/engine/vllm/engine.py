@@ -70,10 +70,8 @@ class VllmEngine:
         if request.adapter is not None and request.adapter not in self._loras:
             raise RequestValidationError("adapter", f"no LoRA adapter {request.adapter!r} is "
                                          f"served (adapters: {', '.join(self.adapters) or 'none'})")
+        # Ids a client gave are checked against the vocabulary by the driver (engine/limits.py).
         ids = prompt_ids(request, self.tokenizer.encode, self.max_model_len)
-        if any(not 0 <= i < self.tokenizer.vocab_size for i in ids):
-            raise RequestValidationError("inputs", "the prompt has a token id outside the "
-                                         f"vocabulary (0..{self.tokenizer.vocab_size - 1})")
         self.sampling_params(request)  # vLLM's own checks, before admission
         if params.structured is not None:
             self._grammars.compile(params.structured)
