@@ -8,7 +8,7 @@ SageMaker's event stream wraps each framed chunk in a PayloadPart.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -63,6 +63,17 @@ class Reply:
     def body(self) -> bytes:
         return (b"" if self.content is None else orjson.dumps(self.content)) + self.tail
 
+    @property
+    def large(self) -> bool:
+        """Whether encoding it takes long enough to matter to the event loop (orjson holds the
+        GIL: 15 MB of embeddings take ~40 ms): such a body is encoded in a worker, in pieces."""
+        return _weight(self.content, PIECE_WEIGHT) > PIECE_WEIGHT
+
+    def body_in_pieces(self) -> bytes:
+        """`body`, byte for byte, encoded a piece at a time: between pieces another thread (the
+        event loop's) may take the GIL."""
+        return (b"" if self.content is None else b"".join(_pieces(self.content))) + self.tail
+
 
 @dataclass
 class StreamReply:
@@ -77,6 +88,50 @@ class StreamReply:
 
 
 Answer = Reply | StreamReply
+
+# Leaves (numbers, strings, nulls) in one piece: orjson encodes ~10,000 floats in well under 1 ms.
+PIECE_WEIGHT = 10_000
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _weight(value: Any, limit: int) -> int:
+    """The leaves under `value`, counted until more than `limit` (a list of scalars counts its
+    length without a walk)."""
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, list | tuple):
+        if not value or isinstance(value[0], _SCALARS):
+            return len(value)
+        items = value
+    else:
+        return 1
+    total = 0
+    for item in items:
+        total += _weight(item, limit - total)
+        if total > limit:
+            break
+    return total
+
+
+def _pieces(value: Any) -> Iterator[bytes]:
+    """orjson.dumps(value), as pieces of at most about PIECE_WEIGHT leaves each."""
+    if _weight(value, PIECE_WEIGHT) <= PIECE_WEIGHT:
+        yield orjson.dumps(value)
+    elif isinstance(value, dict):
+        for index, (key, item) in enumerate(value.items()):
+            yield (b"," if index else b"{") + orjson.dumps(key) + b":"
+            yield from _pieces(item)
+        yield b"}"
+    elif isinstance(value[0], _SCALARS):  # a long list of scalars: slices of it
+        for start in range(0, len(value), PIECE_WEIGHT):
+            piece = orjson.dumps(value[start:start + PIECE_WEIGHT])
+            yield (b"," if start else b"[") + piece[1:-1]
+        yield b"]"
+    else:
+        for index, item in enumerate(value):
+            yield b"," if index else b"["
+            yield from _pieces(item)
+        yield b"]"
 
 
 def error_reply(error: ProtocolError, table: Table[ErrorKind, int]) -> Reply:

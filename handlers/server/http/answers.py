@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import anyio
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -46,10 +47,40 @@ BINARY_HEADER_LENGTH = "Inference-Header-Content-Length"  # Triton's binary tens
 
 def json_response(reply: Reply) -> Response:
     """The reply's JSON; with a binary tail, the JSON's length goes in Triton's header."""
+    if reply.large:
+        return LargeJsonResponse(reply)
+    return _encoded(reply, reply.body)
+
+
+def _encoded(reply: Reply, body: bytes) -> Response:
     if not reply.tail:
-        return Response(reply.body, reply.status, reply.headers, media_type=JSON_MEDIA_TYPE)
-    headers = {**reply.headers, BINARY_HEADER_LENGTH: str(len(reply.body) - len(reply.tail))}
-    return Response(reply.body, reply.status, headers, media_type="application/octet-stream")
+        return Response(body, reply.status, reply.headers, media_type=JSON_MEDIA_TYPE)
+    headers = {**reply.headers, BINARY_HEADER_LENGTH: str(len(body) - len(reply.tail))}
+    return Response(body, reply.status, headers, media_type="application/octet-stream")
+
+
+# Large bodies encoding at once: each holds its whole body in memory while it waits.
+_ENCODERS = anyio.CapacityLimiter(4)
+_SEND_BYTES = 1 << 20
+
+
+class LargeJsonResponse(Response):
+    """A reply too large to encode on the event loop: encoded in a worker thread, in pieces
+    (orjson holds the GIL for a whole call), when it is sent."""
+
+    def __init__(self, reply: Reply) -> None:  # noqa: D107 (Response renders in __init__)
+        self.reply = reply
+        self.status_code = reply.status
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await anyio.to_thread.run_sync(self.reply.body_in_pieces, limiter=_ENCODERS)
+        whole = _encoded(self.reply, body)
+        await send({"type": "http.response.start", "status": whole.status_code,
+                    "headers": whole.raw_headers})
+        for start in range(0, max(len(body), 1), _SEND_BYTES):  # the loop runs between sends
+            await send({"type": "http.response.body", "body": body[start:start + _SEND_BYTES],
+                        "more_body": start + _SEND_BYTES < len(body)})
 
 
 async def _stream_body(reply: StreamReply) -> AsyncIterator[bytes]:
