@@ -26,11 +26,13 @@ import uvicorn
 from handlers.config import Config, ConfigError, check_effects, load_config, log_config, parse_args
 from handlers.engine import registry
 from handlers.engine.base import Embedder, Engine, EngineBuild, SupervisedLoop
+from handlers.model_fetch import default_cache_dir
 from handlers.model_source import (
     DEFAULT_EMBEDDING_NAME,
     is_default_embedding_id,
     resolve_embedding_source,
 )
+from handlers.protocols.adapter_management import AdapterRecord
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
 from handlers.server.http.request_id import uvicorn_log_config
@@ -81,7 +83,16 @@ def server_settings(config: Config) -> ServerSettings:
         server_version=importlib.metadata.version("lmi-serve"),
         grpc_host=config.host,
         grpc_port=config.grpc_port,
+        model_dir=config.model_dir,
+        adapter_roots=adapter_roots(config),
     )
+
+
+def adapter_roots(config: Config) -> tuple[Path, ...]:
+    """Where the adapter management API may read adapters: the model directory, the model
+    cache, and the folders holding the adapters configured at startup."""
+    return tuple(dict.fromkeys((config.model_dir, default_cache_dir(),
+                                *(adapter.path.parent for adapter in config.adapters))))
 
 
 def serve(config: Config) -> int:
@@ -93,6 +104,8 @@ def serve(config: Config) -> int:
                           _embedding_name(config.embedding_source),
                           loads_later=not config.embeddings_only)
     ctx = ServerContext(server_settings(config), generator, embedder)
+    ctx.adapter_records.update({adapter.name: AdapterRecord(adapter.name, str(adapter.path))
+                                for adapter in config.adapters})
     server = uvicorn.Server(uvicorn.Config(
         create_app(ctx), host=config.host, port=config.port,
         log_level=config.log_level.lower(), timeout_graceful_shutdown=30,

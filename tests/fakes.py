@@ -24,11 +24,14 @@ import selectors
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import jinja2
 
 from handlers.engine.types import (
+    AdapterActivity,
+    AdapterError,
     EmbeddingResult,
     FinishReason,
     GenerationRequest,
@@ -161,6 +164,21 @@ class FakeEngine:
     def stats(self) -> dict[str, int]:
         running = len(self.requests) - len(self.finished) - len(self.aborted)
         return {"running_requests": running, "finished_requests": len(self.finished)}
+
+    def adapter_activity(self) -> AdapterActivity | None:
+        return None  # LoRA off: the real engines' activity has tests of its own
+
+    async def add_adapter(self, name: str, path: Path) -> None:
+        self.adapters = (*self.adapters, name)  # runs like the base model, as every adapter
+
+    async def pin_adapter(self, name: str, pinned: bool) -> None:
+        if name not in self.adapters:
+            raise AdapterError(f"no LoRA adapter {name!r} is served", missing=True)
+
+    async def remove_adapter(self, name: str) -> None:
+        if name not in self.adapters:
+            raise AdapterError(f"no LoRA adapter {name!r} is served", missing=True)
+        self.adapters = tuple(a for a in self.adapters if a != name)
 
     async def start(self) -> None:
         self.ready = True

@@ -28,11 +28,12 @@ def free_port() -> int:
 def running_server(*options: str, log_path: Path | None = None,
                    env: dict[str, str | None] | None = None, timeout: float = 180,
                    grpc_port: int = 0, program: tuple[str, ...] = ("-m", "handlers.cli"),
-                   ) -> Iterator[str]:
-    """Start the server with `--option KEY=VALUE` flags (and gRPC on `grpc_port`, 0: off);
-    yield its URL once /ping says 200."""
+                   model_dir: Path | None = None) -> Iterator[str]:
+    """Start the server with `--option KEY=VALUE` flags (and gRPC on `grpc_port`, 0: off;
+    `--model-dir` where given); yield its URL once /ping says 200."""
     with server_process(*options, log_path=log_path, env=env, timeout=timeout,
-                        grpc_port=grpc_port, program=program) as (_proc, url):
+                        grpc_port=grpc_port, program=program, model_dir=model_dir) as (_proc,
+                                                                                       url):
         yield url
 
 
@@ -40,13 +41,15 @@ def running_server(*options: str, log_path: Path | None = None,
 def server_process(*options: str, log_path: Path | None = None,
                    env: dict[str, str | None] | None = None, timeout: float = 180,
                    grpc_port: int = 0, program: tuple[str, ...] = ("-m", "handlers.cli"),
-                   ) -> Iterator[tuple[subprocess.Popen, str]]:
+                   model_dir: Path | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
     """As `running_server`, yielding the process too (`program`: what python runs, the
     lmi-serve module or a script that wraps it); SIGTERM at the end if it still runs. `env`
     adds to this process's environment; a None value removes that variable."""
     port = free_port()
     argv = [sys.executable, *program, "--host", "127.0.0.1", "--port", str(port),
             "--grpc-port", str(grpc_port)]
+    if model_dir is not None:
+        argv += ["--model-dir", str(model_dir)]
     for option in options:
         argv += ["--option", option]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115

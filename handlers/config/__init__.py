@@ -5,7 +5,7 @@ from handlers.config.args import log_config, parse_args
 from handlers.config.effects import OWN_ENTRY_POINT, chat_template_text, check_effects
 from handlers.config.keys import SETTINGS, TEXT_EMBEDDING, ConfigError, Setting
 from handlers.config.model import REPO_DIR, resolve_model_dir
-from handlers.config.settings import Config, load_config
+from handlers.config.settings import Config, load_config, with_source_adapters
 
 __all__ = [
     "OWN_ENTRY_POINT",
@@ -21,4 +21,5 @@ __all__ = [
     "log_config",
     "parse_args",
     "resolve_model_dir",
+    "with_source_adapters",
 ]

@@ -2,7 +2,8 @@
 `adapter_config.json` (DJL LMI's convention), and the `name=path` pairs of option.lora_modules
 (vLLM's server option). Each is read at startup, far enough to size vLLM's LoRA slots (its
 rank) and to stop startup on a missing or unreadable adapter rather than fail its requests later.
-Only the vllm engine serves adapters (handlers/engine/registry.py refuses them elsewhere).
+The torch and vllm engines serve adapters (handlers/engine/registry.py refuses them elsewhere);
+`lora_limits` settles option.enable_lora, option.max_loras and option.max_lora_rank for both.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,9 @@ from handlers.config.keys import ConfigError
 
 log = logging.getLogger(__name__)
 
+# DJL LMI's defaults (vLLM's max_loras is 1, but LMI passes 4).
+DEFAULT_MAX_LORAS = 4
+DEFAULT_MAX_LORA_RANK = 16
 ADAPTERS_DIR = "adapters"
 CONFIG_FILE = "adapter_config.json"
 # The weight files vLLM's LoRA loader reads, in its order of preference.
@@ -33,6 +38,39 @@ class Adapter:
     source: str  # where it was named: the model directory, or option.lora_modules
 
 
+@dataclass(frozen=True)
+class LoraLimits:
+    max_loras: int  # the adapters one batch may mix (more may be served)
+    max_rank: int
+    rank_given: bool  # max_rank was set (else the default, or the largest adapter's rank)
+
+
+def lora_limits(settings: Mapping[str, Any], sources: Mapping[str, str],
+                adapters: tuple[Adapter, ...]) -> LoraLimits | None:
+    """LoRA's limits, or None when LoRA is off; ConfigError when the adapters configured do not
+    fit them."""
+    enabled = settings["enable_lora"]
+    if enabled is False and adapters:
+        raise ConfigError(f"option.enable_lora=false ({sources['enable_lora']}) turns LoRA off, "
+                          f"but LoRA adapter {adapters[0].name!r} ({adapters[0].source}) is "
+                          "configured: remove one or the other")
+    if not enabled and not adapters:
+        for key in ("max_loras", "max_lora_rank"):
+            if settings[key] is not None:
+                raise ConfigError(f"option.{key}={settings[key]} ({sources[key]}) has no effect "
+                                  "with LoRA off: set option.enable_lora=true or add adapters")
+        return None
+    max_loras = settings["max_loras"] or DEFAULT_MAX_LORAS
+    given = settings["max_lora_rank"]
+    largest = max(adapters, key=lambda a: a.rank, default=None)
+    if given is not None and largest is not None and largest.rank > given:
+        raise ConfigError(f"option.max_lora_rank={given} ({sources['max_lora_rank']}) is below "
+                          f"the rank {largest.rank} of LoRA adapter {largest.name!r} "
+                          f"({largest.path})")
+    rank = given or max(DEFAULT_MAX_LORA_RANK, largest.rank if largest else 0)
+    return LoraLimits(max_loras, rank, given is not None)
+
+
 def find_adapters(model_dir: Path, lora_modules: str | None, modules_source: str,
                   model_name: str) -> tuple[Adapter, ...]:
     """The model directory's adapters, then option.lora_modules'; ConfigError naming the one
@@ -43,6 +81,18 @@ def find_adapters(model_dir: Path, lora_modules: str | None, modules_source: str
         source = f"option.lora_modules ({modules_source})"
         found.append(read_adapter(name, folder if folder.is_absolute() else model_dir / folder,
                                   source))
+    _check_names(found, model_name)
+    return tuple(found)
+
+
+def with_model_adapters(config_adapters: tuple[Adapter, ...], model_dir: Path,
+                        source: Path, model_name: str) -> tuple[Adapter, ...]:
+    """The adapters configured, and those in the `adapters/` folder of the model files
+    themselves (`source`: an s3:// or Hub model once fetched, or option.model_id's directory)
+    where that is not the model directory, as DJL LMI finds them in either."""
+    if not source.is_dir() or source.resolve() == model_dir.resolve():
+        return config_adapters
+    found = [*config_adapters, *_in_model_dir(source)]
     _check_names(found, model_name)
     return tuple(found)
 

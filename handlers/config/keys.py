@@ -108,6 +108,13 @@ SETTINGS: tuple[Setting, ...] = (
     # More LoRA adapters than <model_dir>/adapters/ holds: vLLM's server option, as
     # comma-separated name=path pairs (handlers/config/adapters.py reads them).
     Setting("option.lora_modules", "lora_modules", values.text, None, engine=True),
+    # LoRA as DJL LMI and vLLM name it. enable_lora unset: on when adapters are configured;
+    # true without any: adapters may be registered at runtime. max_loras: the adapters one batch
+    # may mix (unset: DJL LMI's 4); an adapter above max_lora_rank (unset: 16, or the largest
+    # adapter's) is refused.
+    Setting("option.enable_lora", "enable_lora", values.boolean, None, engine=True),
+    Setting("option.max_loras", "max_loras", values.optional_integer, None, engine=True),
+    Setting("option.max_lora_rank", "max_lora_rank", values.optional_integer, None, engine=True),
     # A dead engine loop is rebuilt and restarted (true) or stops the process with exit 1.
     Setting("option.engine_restart", "engine_restart", values.boolean, True, engine=True),
     # Seconds one engine step may run before the engine counts as stuck (0: no limit).

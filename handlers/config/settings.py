@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from handlers.config import values
-from handlers.config.adapters import Adapter, find_adapters
+from handlers.config.adapters import (
+    Adapter,
+    LoraLimits,
+    find_adapters,
+    lora_limits,
+    with_model_adapters,
+)
 from handlers.config.keys import (
     BY_KEY,
     DJL_FRONT_END_KEYS,
@@ -97,6 +103,9 @@ class Config:
     cpu_offload_gb_per_gpu: float
     load_format: str
     lora_modules: str | None  # name=path pairs; `adapters` holds them read
+    enable_lora: bool | None  # None: on when adapters are configured
+    max_loras: int | None  # None: the engine's default
+    max_lora_rank: int | None  # None: the engine's default
     engine_restart: bool
     engine_stall_timeout: int  # seconds; 0: no limit
     host: str
@@ -110,6 +119,7 @@ class Config:
     engine_args: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     # The LoRA adapters to serve: the model directory's and option.lora_modules'.
     adapters: tuple[Adapter, ...] = ()
+    lora: LoraLimits | None = None  # None: LoRA off
 
     @property
     def uses_default_model(self) -> bool:
@@ -165,7 +175,19 @@ def load_config(
     ignored = {key: raw[key] for key in sorted(raw) if key in DJL_FRONT_END_KEYS}
     return Config(model_dir=model_dir, sources=sources, ignored=ignored,
                   engine_args=_engine_args(raw, settings["rolling_batch"]), adapters=adapters,
-                  **settings)
+                  lora=lora_limits(settings, sources, adapters), **settings)
+
+
+def with_source_adapters(config: Config, source: Path) -> Config:
+    """`config` with the adapters in the model files' own `adapters/` folder too (`source`: the
+    model once fetched, or option.model_id's directory), LoRA's limits sized for them."""
+    adapters = with_model_adapters(config.adapters, config.model_dir, source, config.model_name)
+    if adapters == config.adapters:
+        return config
+    settings = {key: getattr(config, key) for key in ("enable_lora", "max_loras",
+                                                      "max_lora_rank")}
+    return dataclasses.replace(config, adapters=adapters,
+                               lora=lora_limits(settings, config.sources, adapters))
 
 
 def _engine_args(raw: Raw, rolling_batch: str) -> dict[str, tuple[str, str]]:

@@ -21,10 +21,11 @@ from typing import Any
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
-from handlers.djl.inputs import request_body
+from handlers.djl.inputs import request_body, requested_adapter
 from handlers.engine.base import Pair, SteppableEngine
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
+from handlers.protocols.lmi import lmi_adapters
 from handlers.protocols.lmi.dynamic import (
     DynamicError,
     DynamicRequest,
@@ -89,7 +90,10 @@ class DynamicBatchDriver:
     def _parse(self, item: Input) -> _Item:
         try:
             request = parse_dynamic_request(request_body(item))
-            gens = to_generation_requests(request, request.adapters or None)
+            named = requested_adapter(item) or request.adapters
+            gens = to_generation_requests(request, lmi_adapters(
+                named, len(request.inputs), self.engine.model_name, self.engine.adapters,
+                DynamicError))
             gens = validated(self.engine, gens, checks(request))
         except ProtocolError as exc:  # a body that is not JSON is refused in LMI's terms
             log.info("[RequestId=%s] invalid request: %s", item.get_property("requestId"),

@@ -21,7 +21,7 @@ from typing import Any
 from djl_python.inputs import Input
 from djl_python.outputs import Output
 
-from handlers.djl.inputs import request_body
+from handlers.djl.inputs import request_body, requested_adapter
 from handlers.engine.base import SteppableEngine
 from handlers.engine.types import RequestOutput
 from handlers.protocols.lmi import (
@@ -33,6 +33,7 @@ from handlers.protocols.lmi import (
     StreamRenderer,
     StreamStyle,
     answer_style,
+    lmi_adapters,
     parse_lmi_request,
     render_json,
     to_generation_request,
@@ -133,7 +134,9 @@ class RollingBatchDriver:
         try:
             lmi = _parse(item)
             style = answer_style(lmi, self.output_formatter, self.tgi_compat)
-            gen = to_generation_request(lmi, lmi.adapters or None)  # the engine checks it
+            named = requested_adapter(item) or lmi.adapters
+            adapter = lmi_adapters(named, 1, self.engine.model_name, self.engine.adapters)[0]
+            gen = to_generation_request(lmi, adapter)
         except LmiError as exc:
             req.refusal = _PARSE_FAILED + exc.message
         else:

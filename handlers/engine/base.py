@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from handlers.engine.types import EmbeddingResult, GenerationRequest, RequestOutput
+from handlers.engine.types import (
+    AdapterActivity,
+    EmbeddingResult,
+    GenerationRequest,
+    RequestOutput,
+)
 
 
 class Tokenizer(Protocol):
@@ -65,8 +71,22 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its batch slot and cache."""
 
+    async def add_adapter(self, name: str, path: Path) -> None:
+        """Serve the LoRA adapter in `path` as `name` from now on; AdapterError when the engine
+        cannot (LoRA off, no such files, an adapter that does not fit the model)."""
+
+    async def pin_adapter(self, name: str, pinned: bool) -> None:
+        """Keep adapter `name` loaded for the batches (DJL's `pin`), or let it be evicted."""
+
+    async def remove_adapter(self, name: str) -> None:
+        """Serve `name` no more (requests running with it finish); AdapterError(missing=True)
+        when it is not served."""
+
     def health(self) -> bool:
         """True while the engine can answer requests."""
+
+    def adapter_activity(self) -> AdapterActivity | None:
+        """The adapters running and waiting requests use (None: LoRA is off)."""
 
     def stats(self) -> dict[str, int]:
         """Gauges and counters for /metrics: running_requests, waiting_requests, prompt_tokens,
@@ -99,6 +119,7 @@ class SteppableEngine(Protocol):
     model_name: str
     max_model_len: int
     tokenizer: Tokenizer
+    adapters: tuple[str, ...]  # the LoRA adapters a request may name
 
     def validate(self, request: GenerationRequest) -> None: ...
 

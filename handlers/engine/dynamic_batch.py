@@ -16,9 +16,10 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from handlers.engine.base import Engine, Pair, Tokenizer
-from handlers.engine.types import GenerationRequest, RequestOutput
+from handlers.engine.types import AdapterActivity, GenerationRequest, RequestOutput
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,18 @@ class DynamicBatcher:
     @property
     def adapters(self) -> tuple[str, ...]:
         return self.inner.adapters
+
+    def adapter_activity(self) -> AdapterActivity | None:
+        return self.inner.adapter_activity()
+
+    async def add_adapter(self, name: str, path: Path) -> None:
+        await self.inner.add_adapter(name, path)
+
+    async def pin_adapter(self, name: str, pinned: bool) -> None:
+        await self.inner.pin_adapter(name, pinned)
+
+    async def remove_adapter(self, name: str) -> None:
+        await self.inner.remove_adapter(name)
 
     # -- the Engine interface -------------------------------------------------------------------
 

@@ -40,22 +40,24 @@ _ROLLING = frozenset({"option.max_rolling_batch_size", "option.max_rolling_batch
                       "option.enable_chunked_prefill", "option.max_model_len"})
 _HF = frozenset({"option.dtype", "option.device", "option.trust_remote_code"})
 _SUPERVISED = frozenset({"option.engine_restart", "option.engine_stall_timeout"})
+_LORA = frozenset({"option.lora_modules", "option.enable_lora", "option.max_loras",
+                   "option.max_lora_rank"})
 _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_degree",
                   "option.quantize", "option.gpu_memory_utilization", "option.enforce_eager",
                   "option.enable_prefix_caching", "option.disable_sliding_window",
                   "option.cpu_offload_gb_per_gpu", "option.load_format", "engine"})
 
 ENGINES = {
-    # The torch engine compiles its CPU decode step unless option.enforce_eager=true.
+    # The torch engine compiles its CPU decode step unless option.enforce_eager=true; it applies
+    # LoRA adapters itself (handlers/engine/torch/lora.py).
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
-                         _ROLLING | _HF | _SUPERVISED | {"option.enforce_eager",
-                                                         "option.enable_prefix_caching"}),
+                         _ROLLING | _HF | _SUPERVISED | _LORA | {"option.enforce_eager",
+                                                                 "option.enable_prefix_caching"}),
     # Health turns false past option.engine_stall_timeout; vLLM's engine core is its own
     # process, not a loop of ours to restart. LoRA adapters are vLLM's own.
     # Any AsyncEngineArgs field may be given by name (option.<field>).
     "vllm": EngineEntry("vllm", "handlers.engine.vllm.build",
-                        _ROLLING | _HF | _GPU | {"option.engine_stall_timeout",
-                                                 "option.lora_modules"},
+                        _ROLLING | _HF | _GPU | _LORA | {"option.engine_stall_timeout"},
                         arguments="handlers.engine.vllm.args:vllm_fields", package="vllm"),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
     # It compiles nothing: option.enforce_eager=true asks it for what it does.
@@ -87,6 +89,8 @@ def auto_engine(config: Config) -> tuple[str, str]:
              and _departs(config, s, ENGINES["llamacpp"])]
     if given:
         return "torch", f"set: {', '.join(given)}, which only the torch engine supports"
+    if config.adapters:
+        return "torch", "LoRA adapters are configured, which the llamacpp engine does not serve"
     return "llamacpp", "a GGUF model on the CPU, and llama-cpp-python is installed"
 
 
@@ -110,7 +114,7 @@ def check(config: Config) -> EngineEntry:
         if setting.engine and setting.key not in entry.supports and _departs(config, setting,
                                                                              entry):
             _refuse(config, setting, entry)
-    if config.adapters and entry.name != "vllm":
+    if config.adapters and entry.name not in ("vllm", "torch"):
         _refuse_adapters(config, entry)
     return entry
 
@@ -211,7 +215,8 @@ def _refuse_adapters(config: Config, entry: EngineEntry) -> None:
     adapter = config.adapters[0]
     raise ConfigError(
         f"LoRA adapter {adapter.name!r} ({adapter.source}) is not supported by the "
-        f"{entry.name} engine: the vllm engine serves LoRA adapters (option.rolling_batch=vllm)")
+        f"{entry.name} engine: it has no LoRA support here; the torch and vllm engines serve "
+        "LoRA adapters (option.rolling_batch=torch or vllm)")
 
 
 def _refuse(config: Config, setting: Setting, entry: EngineEntry) -> None:

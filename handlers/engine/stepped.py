@@ -34,6 +34,10 @@ class SteppedEngine:
         self._outputs: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()
         self._tasks: dict[str, Future] = {}
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return self.engine.adapters
+
     def validate(self, request: GenerationRequest) -> None:
         self.engine.validate(request)
 

@@ -31,6 +31,25 @@ class EngineFailure(RuntimeError):
     held ends with this."""
 
 
+@dataclass(frozen=True)
+class AdapterActivity:
+    """Which LoRA adapters requests run with now, as vLLM's `vllm:lora_requests_info` reports:
+    `max_loras` (one batch's), those of running requests and of waiting ones."""
+
+    max_loras: int
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+
+
+class AdapterError(ValueError):
+    """A LoRA adapter an engine cannot serve or does not serve; `missing`: no such adapter."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.missing = missing
+
+
 class RequestValidationError(ValueError):
     """A request the engine refuses before admission; `field` names the offending parameter."""
 

@@ -75,7 +75,8 @@ def parse_generate_request(body: Any) -> GenerateRequest:
     return request
 
 
-def generation_request(request: GenerateRequest) -> GenerationRequest:
+def generation_request(request: GenerateRequest, adapter: str | None = None
+                       ) -> GenerationRequest:
     p = request.parameters
     lmi = LmiParameters(max_new_tokens=p.max_new_tokens, do_sample=p.do_sample,
                         temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
@@ -84,7 +85,8 @@ def generation_request(request: GenerateRequest) -> GenerationRequest:
     params: SamplingParams = to_sampling_params(lmi)
     params.watermark = p.watermark
     # The engine admits lower values first; MindIE's default, 5, is the engine's default, 0.
-    return GenerationRequest(request.text_input, params, priority=p.priority - DEFAULT_PRIORITY)
+    return GenerationRequest(request.text_input, params, priority=p.priority - DEFAULT_PRIORITY,
+                             adapter=adapter)
 
 
 @dataclass

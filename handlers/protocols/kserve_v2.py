@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,13 +64,17 @@ def model_metadata(model: str) -> dict[str, Any]:
             "outputs": [{"name": TEXT_OUTPUT, **tensor}]}
 
 
-def check_model(model: str, version: str | None, served: str | None) -> None:
-    """Refuse (404) a model other than the generation model `served` (None: there is none),
-    or a version it does not have."""
-    if model != served:
-        raise KServeError(f"model '{model}' is not served here (models: {served or 'none'})",
+def check_model(model: str, version: str | None, served: str | None,
+                adapters: Sequence[str] = ()) -> str | None:
+    """The LoRA adapter `model` names (None: the generation model `served` itself): a model
+    served as its base model's adapter is a model of its own here, as vLLM lists it. Refuse
+    (404) any other model (`served` None: there is none) or a version it does not have."""
+    if model != served and (served is None or model not in adapters):
+        names = ", ".join([served, *adapters]) if served else "none"
+        raise KServeError(f"model '{model}' is not served here (models: {names})",
                           ErrorKind.NOT_FOUND)
     check_version(model, version)
+    return None if model == served else model
 
 
 def check_version(model: str, version: str | None) -> None:
@@ -206,8 +211,10 @@ def encode_bytes(items: list[str]) -> bytes:
     return b"".join(_LENGTH.pack(len(data)) + data for data in (i.encode() for i in items))
 
 
-def generation_requests(request: InferRequest) -> tuple[list[GenerationRequest], LmiParameters]:
-    """One engine request per prompt, with the request's generation parameters."""
+def generation_requests(request: InferRequest, adapter: str | None = None
+                        ) -> tuple[list[GenerationRequest], LmiParameters]:
+    """One engine request per prompt, with the request's generation parameters (and the LoRA
+    adapter its model names)."""
     given = {k: v for k, v in request.parameters.items() if k not in _RESERVED}
     try:
         params = LmiParameters.model_validate(given)
@@ -216,7 +223,8 @@ def generation_requests(request: InferRequest) -> tuple[list[GenerationRequest],
     if params.num_beams > 1 or params.num_sequences > 1:
         raise KServeError("parameters: beam search, n and best_of > 1 are not supported here")
     sampling = to_sampling_params(params)
-    return [GenerationRequest(prompt, sampling) for prompt in request.prompts], params
+    return [GenerationRequest(prompt, sampling, adapter=adapter)
+            for prompt in request.prompts], params
 
 
 def timeout_seconds(request: InferRequest) -> float | None:

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from handlers.server.context import ServerContext
 from handlers.server.grpc import GrpcServer
 from handlers.server.http import (
+    adapters,
     anthropic,
     databricks,
     embeddings,
@@ -41,7 +42,7 @@ from handlers.server.telemetry import RequestCounter
 
 PROTOCOLS: tuple[Protocol, ...] = tuple(module.PROTOCOL for module in (
     health, models, openai, embeddings, databricks, kserve, generate, tgi, metrics,
-    responses_api, anthropic, tokens, lmi))
+    responses_api, anthropic, tokens, adapters, lmi))
 
 
 def served_protocols() -> tuple[Protocol, ...]:

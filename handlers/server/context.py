@@ -8,13 +8,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Generic, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from handlers.engine.base import Embedder, Engine
-from handlers.engine.types import GenerationRequest
+from handlers.engine.types import AdapterActivity, GenerationRequest
+from handlers.protocols.adapter_management import AdapterRecord
 from handlers.protocols.checks import Checks, Refuse
 from handlers.protocols.errors import ErrorKind, ProtocolError
 from handlers.protocols.openai_responses import ResponseStore
@@ -49,6 +51,8 @@ class ServerSettings:
     grpc_port: int = 0  # KServe V2 over gRPC; 0: off
     job_queue_size: int = 1000  # client requests held at once
     api_key: str | None = field(default=None, repr=False)  # required on every route but health
+    model_dir: Path = Path(".")  # where relative adapter sources are read from
+    adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
 
     def __post_init__(self) -> None:
         if self.output_formatter not in (None, *OUTPUT_FORMATTERS):
@@ -114,13 +118,15 @@ class ServerContext:
         self.settings = settings
         self.generator = generator
         self.embedder = embedder
-        self.telemetry = Telemetry(settings.model_name, self._engine_stats)  # GET /metrics
+        self.telemetry = Telemetry(settings.model_name, self._engine_stats,  # GET /metrics
+                                   self._adapter_activity)
         self.admission = Admission(settings.job_queue_size, self.telemetry.rejected)
         self.created = int(time.time())
         self.responses = ResponseStore()  # OpenAI Responses kept for retrieval: bounded LRU
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         self.workers = anyio.CapacityLimiter(WORKERS)
         self._drains: list[Callable[[], Awaitable[None]]] = []
+        self.adapter_records: dict[str, AdapterRecord] = {}  # what the adapter API reports
 
     def text_engine(self, refuse: Refuse, not_served: Callable[[str], ProtocolError]
                     ) -> Engine:
@@ -149,6 +155,10 @@ class ServerContext:
                           outcome, observer=self.telemetry.observer(requests),
                           timeout_source="the request's timeout" if own else
                           "option.predict_timeout")
+
+    def _adapter_activity(self) -> AdapterActivity | None:
+        served = self.generator
+        return served.engine.adapter_activity() if served is not None and served.ready else None
 
     def _engine_stats(self) -> dict[str, int]:
         # Read while not ready too: counters that dropped to 0 would read as a reset.

@@ -30,9 +30,16 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from handlers.engine.types import FinishReason, GenerationRequest, RequestOutput
+from handlers.engine.types import (
+    AdapterActivity,
+    FinishReason,
+    GenerationRequest,
+    RequestOutput,
+)
 
 Stats = Callable[[], dict[str, int]]  # the generation engine's stats(); {} while not ready
+# The generation engine's adapter_activity(); None while not ready or with LoRA off.
+Activity = Callable[[], AdapterActivity | None]
 Pairs = Iterable[tuple[int, RequestOutput]]
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so that its dashboards' quantiles read the same.
@@ -99,7 +106,8 @@ class _Progress:
 
 
 class Telemetry:
-    def __init__(self, model_name: str, stats: Stats) -> None:
+    def __init__(self, model_name: str, stats: Stats, activity: Activity = lambda: None
+                 ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         lmi, vllm = (model_name,), (model_name, "0")  # vLLM's engine index: one engine here
@@ -153,7 +161,10 @@ class Telemetry:
                                   "limit (job_queue_size)").labels(*lmi)
         self.restarts = counter("lmi_engine_restarts",
                                 "Times the engine was restarted after a failure").labels(*lmi)
-        self.registry.register(EngineCollector(model_name, stats))
+        self.adapter_requests = counter("lmi_adapter_requests",
+                                        "Engine requests run with a LoRA adapter, by adapter",
+                                        ("model", "adapter"))
+        self.registry.register(EngineCollector(model_name, stats, activity))
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -170,6 +181,9 @@ class Telemetry:
 
     def observer(self, requests: Sequence[GenerationRequest]) -> RequestObserver:
         """What observes one client request's engine requests (see Generation)."""
+        for request in requests:
+            if request.adapter is not None:
+                self.adapter_requests.labels(self.model_name, request.adapter).inc()
         return RequestObserver(self, [_Progress(request.arrival_time) for request in requests])
 
     # -- one engine request's outputs -----------------------------------------------------------
@@ -242,9 +256,10 @@ VLLM_GAUGES = {
 class EngineCollector(Collector):
     """The engine's own gauges and counters, read at scrape time."""
 
-    def __init__(self, model_name: str, stats: Stats) -> None:
+    def __init__(self, model_name: str, stats: Stats, activity: Activity) -> None:
         self.model_name = model_name
         self.stats = stats
+        self.activity = activity
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats()
@@ -260,6 +275,8 @@ class EngineCollector(Collector):
             yield from self._prefix_cache(stats)
         if "dynamic_batches" in stats:  # option.rolling_batch=disable
             yield self._dynamic_batch_size(stats)
+        if (activity := self.activity()) is not None:
+            yield _lora_info(activity)
         if "decode_graphs_total" in stats:  # the torch engine compiling its decode step
             yield self._one(GaugeMetricFamily(
                 "lmi_decode_graphs_ready", "Compiled decode graphs in use (of "
@@ -308,6 +325,18 @@ class EngineCollector(Collector):
             [self.model_name], stats["dynamic_batches"], stats["dynamic_batch_requests"]
         )
         return metric
+
+
+def _lora_info(activity: AdapterActivity) -> Metric:
+    """vLLM's `vllm:lora_requests_info`: the adapters in its labels, comma-separated, and the
+    time of the reading as its value (what the Gateway API Inference Extension and llm-d read
+    to route by adapter)."""
+    metric = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                               labels=["max_lora", "running_lora_adapters",
+                                       "waiting_lora_adapters"])
+    metric.add_metric([str(activity.max_loras), ",".join(activity.running),
+                       ",".join(activity.waiting)], time.time())
+    return metric
 
 
 class RequestCounter:

@@ -96,7 +96,8 @@ def test_sagemaker_vllm_variables_are_engine_arguments(tmp_path):
     got = kwargs(tmp_path, env={"SM_VLLM_MAX_LORAS": "4", "SM_VLLM_ENABLE_LORA": "true"})
     assert got["max_loras"] == 4 and got["enable_lora"] is True
     # An LMI variable and option.* beat them, as LMI's own beat its aliases.
-    got = kwargs(tmp_path, env={"SM_VLLM_MAX_LORAS": "4", "OPTION_MAX_LORAS": "2"})
+    got = kwargs(tmp_path, env={"SM_VLLM_MAX_LORAS": "4", "OPTION_MAX_LORAS": "2",
+                                "SM_VLLM_ENABLE_LORA": "true"})
     assert got["max_loras"] == 2
 
 

@@ -15,7 +15,13 @@ import pytest
 from fakes import FakeEngine, served_app
 from server_process import serving
 
-from handlers.config import ConfigError, check_effects, load_config, parse_args
+from handlers.config import (
+    ConfigError,
+    check_effects,
+    load_config,
+    parse_args,
+    with_source_adapters,
+)
 from handlers.engine import registry
 from handlers.engine.types import GenerationRequest, RequestValidationError
 from handlers.engine.vllm.args import engine_kwargs
@@ -50,10 +56,10 @@ def vllm_kwargs(model_dir: Path, *options: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def vllm_installed(monkeypatch):
+def optional_engines_installed(monkeypatch):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object()
+                        if name in ("vllm", "llama_cpp") else find_spec(name, *a))
 
 
 # -- finding them ----------------------------------------------------------------------------------
@@ -75,6 +81,23 @@ def test_the_model_directory_and_option_lora_modules_name_the_adapters(tmp_path)
     from_env = load_config(parse_args(["--model-dir", str(tmp_path)]),
                            env={"SM_VLLM_LORA_MODULES": "poem=more/poem"})
     assert [a.name for a in from_env.adapters] == ["sql", "poem"]
+
+
+def test_the_model_files_own_adapters_folder_counts_too(tmp_path):
+    """DJL LMI finds `adapters/` beside serving.properties or in the directory of an s3://
+    model_id: once the engine has the model's files, their adapters join the configured ones,
+    with LoRA's limits sized for all."""
+    write_adapter(tmp_path / "adapters" / "sql", r=8)
+    fetched = tmp_path / "fetched"
+    write_adapter(fetched / "adapters" / "poem", r=32)
+    given = config(tmp_path)
+    served = with_source_adapters(given, fetched)
+    assert [a.name for a in served.adapters] == ["sql", "poem"]
+    assert (served.lora.max_loras, served.lora.max_rank) == (4, 32)
+    assert with_source_adapters(given, tmp_path) is given  # the model directory: counted already
+    write_adapter(fetched / "adapters" / "sql")
+    with pytest.raises(ConfigError, match="LoRA adapter 'sql' is named twice"):
+        with_source_adapters(given, fetched)
 
 
 def write_broken(root: Path, name: str, kind: str) -> None:
@@ -126,23 +149,26 @@ def test_adapters_turn_vllms_lora_on_sized_for_them(tmp_path):
     write_adapter(tmp_path / "adapters" / "a", r=8)
     write_adapter(tmp_path / "adapters" / "b", r=12)  # no such rank in vLLM: the next one up
     got = vllm_kwargs(tmp_path)
-    assert (got["enable_lora"], got["max_loras"], got["max_lora_rank"]) == (True, 2, 16)
+    # DJL LMI's max_loras (4: the adapters one batch mixes); vLLM's rank that holds 12
+    assert (got["enable_lora"], got["max_loras"], got["max_lora_rank"]) == (True, 4, 16)
 
 
-def test_lora_arguments_set_by_name_stay(tmp_path):
+def test_lora_settings_given_stay(tmp_path):
     write_adapter(tmp_path / "adapters" / "a", r=8)
     write_adapter(tmp_path / "adapters" / "b", r=8)
     got = vllm_kwargs(tmp_path, "option.max_loras=1", "option.max_lora_rank=64",
                       "option.enable_lora=true")
     assert (got["enable_lora"], got["max_loras"], got["max_lora_rank"]) == (True, 1, 64)
+    # LoRA on without adapters: they are registered at runtime
+    assert vllm_kwargs(tmp_path / "adapters" / "a", "option.enable_lora=true")["enable_lora"]
 
 
 @pytest.mark.parametrize(("options", "rank", "message"), [
     (["option.enable_lora=false"], 8, "option.enable_lora=false (command line) turns LoRA off, "
-                                      "but LoRA adapters are configured (a)"),
+                                      "but LoRA adapter 'a' (found in"),
     (["option.max_lora_rank=8"], 16, "option.max_lora_rank=8 (command line) is below the rank "
                                      "16 of LoRA adapter 'a'"),
-    ([], 600, "LoRA adapter 'a' has rank 600; vLLM serves ranks up to 512"),
+    ([], 600, "LoRA rank 600 is above the largest vLLM serves, 512"),
 ])
 def test_lora_arguments_that_cannot_serve_the_adapters_stop_startup(tmp_path, options, rank,
                                                                     message):
@@ -152,22 +178,26 @@ def test_lora_arguments_that_cannot_serve_the_adapters_stop_startup(tmp_path, op
     assert message in str(refused.value)
 
 
-# -- only the vllm engine serves them --------------------------------------------------------------
+def test_lora_limits_without_lora_have_no_effect_and_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"option.max_loras=2 \(command line\) has no effect "
+                                          "with LoRA off"):
+        config(tmp_path, "option.max_loras=2")
 
 
-def test_only_the_vllm_engine_serves_adapters(tmp_path, vllm_installed):
+# -- the torch and vllm engines serve them, llama.cpp does not -------------------------------------
+
+
+def test_the_torch_and_vllm_engines_serve_adapters_and_llamacpp_does_not(tmp_path,
+                                                                          optional_engines_installed):
     write_adapter(tmp_path / "more" / "poem")
-    with pytest.raises(ConfigError, match=r"option.lora_modules=poem=more/poem \(command line\) "
-                                          r"is not supported by the torch engine \(supported by: "
-                                          r"vllm\)"):
-        registry.check(config(tmp_path, "option.rolling_batch=torch",
-                              "option.lora_modules=poem=more/poem"))
     write_adapter(tmp_path / "adapters" / "sql")
-    with pytest.raises(ConfigError, match="LoRA adapter 'sql' .* is not supported by the torch "
-                                          "engine: the vllm engine serves LoRA adapters"):
-        registry.check(config(tmp_path, "option.rolling_batch=torch"))
-    assert registry.check(config(tmp_path, "option.rolling_batch=vllm",
-                                 "option.lora_modules=poem=more/poem")).name == "vllm"
+    for engine in ("torch", "vllm"):
+        assert registry.check(config(tmp_path, f"option.rolling_batch={engine}",
+                                     "option.lora_modules=poem=more/poem")).name == engine
+    with pytest.raises(ConfigError, match=r"option.lora_modules=poem=more/poem \(command line\) "
+                                          r"is not supported by the llamacpp engine"):
+        registry.check(config(tmp_path, "option.rolling_batch=llamacpp",
+                              "option.lora_modules=poem=more/poem"))
 
 
 def test_an_embedding_server_refuses_adapters(tmp_path):
@@ -176,7 +206,7 @@ def test_an_embedding_server_refuses_adapters(tmp_path):
         check_effects(config(tmp_path, "option.task=text-embedding"))
 
 
-def test_the_torch_engine_refuses_a_request_naming_an_adapter(tmp_path):
+def test_a_torch_engine_without_lora_refuses_a_request_naming_an_adapter(tmp_path):
     from tiny_model import make_tiny_model_dir
 
     from handlers.engine.torch.engine import TorchEngine
@@ -269,6 +299,50 @@ def test_tgi_adapter_id_names_an_adapter(url, engine):
 def test_sagemakers_header_names_the_adapter_whatever_the_body(url, engine, path, body):
     answer = httpx.post(f"{url}{path}", json=body, headers={HEADER: "sql"})
     assert answer.status_code == 200 and adapter_of(engine) == "sql"  # over the body's own
+
+
+@pytest.mark.parametrize(("where", "how"), [
+    ("query", {"params": {"adapter": "poem"}}),
+    ("custom attributes", {"headers": {"X-Amzn-SageMaker-Custom-Attributes":
+                                       "trace=1;adapter=poem"}}),
+])
+def test_djls_query_and_custom_attributes_name_the_adapter(url, engine, where, how):
+    """DJL's "Calling Adapters": `?adapter=` and `adapter=` in SageMaker's custom attributes,
+    whatever the body speaks; SageMaker's adapter header goes first."""
+    for body in ({"inputs": "hi"}, CHAT):
+        assert httpx.post(f"{url}/invocations", json=body, **how).status_code == 200, where
+        assert adapter_of(engine) == "poem"
+    first = {**how, "headers": {**how.get("headers", {}), HEADER: "sql"}}
+    both = httpx.post(f"{url}/invocations", json={"inputs": "hi"}, **first)
+    assert both.status_code == 200 and adapter_of(engine) == "sql"
+
+
+def test_lmis_list_of_adapters_aligns_with_the_inputs():
+    engine = FakeEngine(adapters=("sql", "poem"))
+    with serving(served_app(engine, dynamic=(4, 1, False))) as dynamic:
+        body = {"inputs": ["a b", "c d", "e f"], "adapters": ["sql", "", "poem"],
+                "parameters": {"max_new_tokens": 2}}
+        assert httpx.post(f"{dynamic}/invocations", json=body).status_code == 200
+        assert [r.adapter for r in engine.requests[-3:]] == ["sql", None, "poem"]
+        short = httpx.post(f"{dynamic}/invocations", json={**body, "adapters": ["sql"]})
+        assert short.status_code == 424
+        assert "adapters: 1 adapters for 3 inputs" in short.text
+
+
+def test_kserve_generate_and_databricks_name_the_adapter_by_model(url, engine):
+    """A model path naming an adapter serves it, as its model of its own: Triton's generate,
+    KServe V2's infer and a Databricks endpoint."""
+    answer = httpx.post(f"{url}/v2/models/poem/generate", json={"text_input": "hi"})
+    assert answer.status_code == 200 and answer.json()["model_name"] == "poem"
+    assert adapter_of(engine) == "poem"
+    infer = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
+                         "data": ["hi"]}]}
+    assert httpx.post(f"{url}/v2/models/sql/infer", json=infer).status_code == 200
+    assert adapter_of(engine) == "sql"
+    assert httpx.post(f"{url}/serving-endpoints/poem/invocations", json=CHAT).status_code == 200
+    assert adapter_of(engine) == "poem"
+    missing = httpx.post(f"{url}/v2/models/nope/generate", json={"text_input": "hi"})
+    assert missing.status_code == 404 and "sql, poem" in missing.text
 
 
 def test_sagemakers_header_naming_no_adapter_is_a_404(url):

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as triton
 from fakes import FakeEmbeddingEngine, FakeEngine, served_app
 from server_process import free_port, serving
-from test_input_limits import BODILESS, ROUTES, post_routes, url_of
+from test_input_limits import BODILESS, MANAGEMENT, ROUTES, post_routes, url_of
 from tritonclient.utils import InferenceServerException
 
 from handlers.config import ConfigError, load_config, log_config, parse_args
@@ -103,7 +103,8 @@ def test_a_wrong_or_malformed_key_is_refused(url):
 
 
 def test_every_route_is_guarded_or_deliberately_open(app):
-    assert post_routes(app) == set(ROUTES) | BODILESS  # the POST routes tested above
+    # the POST routes tested above, and the adapter API's (test_adapter_management.py)
+    assert post_routes(app) == set(ROUTES) | BODILESS | MANAGEMENT
 
 
 def test_no_key_by_default():

@@ -437,7 +437,7 @@ def test_defaults_and_a_source_for_every_field(tmp_path):
     assert config.max_rolling_batch_prefill_tokens == 512 and config.tgi_compat is False
     # Engine arguments by name and LoRA adapters carry a source each.
     fields = {f.name for f in dataclasses.fields(Config)} - {"sources", "ignored", "engine_args",
-                                                             "adapters"}
+                                                             "adapters", "lora"}
     assert set(config.sources) == fields
     assert config.sources["dtype"] == "default" and config.sources["model_dir"] == "command line"
 

@@ -156,6 +156,11 @@ class LlamaCppRunner:
         self.cache.remove(saved)
         self._spare.append(saved)
 
+    def use_adapter(self, slot: int, adapter: str | None) -> bool:
+        if adapter is not None:  # the engine refuses such requests before they get here
+            raise ValueError(f"LoRA adapter {adapter!r}: the llamacpp engine serves none")
+        return True
+
     def release(self, slot: int) -> None:
         """The slot's sequence ended: its cells go back to the pool now."""
         self.cache.remove(slot)

@@ -60,6 +60,8 @@ class ContinuousBatcher:
         self.max_model_len = max_model_len
         self.grammars = Grammars(tokenizer, runner.vocab_size, eos_token_ids)
         self.waiting: list[GenerationRequest] = []  # by priority, then arrival
+        # The LoRA adapters of running and of waiting requests, as of the last step.
+        self.adapters_in_use: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
         self.prefilling: list[RequestState] = []  # FIFO, each holds a slot for its sequence 0
         self.decoding: list[Sequence] = []  # decoding[i].slot == i
         self.states: dict[str, RequestState] = {}
@@ -101,6 +103,11 @@ class ContinuousBatcher:
                 "kv_cache_slots_in_use": self._used_slots(),
                 "kv_cache_slots_total": self.max_batch_size, **self.counters}
 
+    def forget_adapter(self, adapter: str) -> None:
+        """LoRA adapter `adapter` was removed: drop the prefixes computed with it."""
+        if self.prefix is not None:
+            self.prefix.forget(adapter)
+
     @property
     def running(self) -> int:
         return len(self.decoding) + len(self.prefilling)
@@ -133,7 +140,14 @@ class ContinuousBatcher:
         outputs = self._take_outputs(touched, len(stepped))
         if not self.has_work:
             self.runner.cache.shrink()
+        self._note_adapters()
         return outputs
+
+    def _note_adapters(self) -> None:
+        """What `adapters_in_use` reports to other threads (one tuple, replaced whole)."""
+        running = {state.request.adapter for state in self.states.values()}
+        waiting = {request.adapter for request in self.waiting}
+        self.adapters_in_use = (tuple(sorted(running - {None})), tuple(sorted(waiting - {None})))
 
     def _take_outputs(self, touched: dict[str, RequestState], batch: int
                       ) -> list[RequestOutput]:
@@ -151,25 +165,34 @@ class ContinuousBatcher:
         return len(self.decoding) + sum(len(s.sequences) for s in self.prefilling)
 
     def _admit(self) -> None:
+        """Start waiting requests in order while slots last; one whose LoRA adapter cannot join
+        the running ones yet (max_loras) waits, and those behind it may start."""
+        held = []
         while self.waiting:
             request = self.waiting[0]
             if self._used_slots() + request.params.num_sequences > self.max_batch_size:
-                return
+                break
             self.waiting.pop(0)
+            slot = self._free_slot()
             try:
+                if not self.runner.use_adapter(slot, request.adapter):
+                    held.append(request)
+                    continue
                 state = self._new_state(request)
             except Exception as exc:  # a request that cannot start fails alone
                 log.exception("request %s failed to start", request.request_id)
+                self.runner.use_adapter(slot, None)
                 self._fail_unstarted(request, exc)
                 continue
             self.counters["prompt_tokens"] += len(state.prompt_ids)
             first = state.sequences[0]
-            first.slot = self._free_slot()
-            self._owner[first.slot] = first
+            first.slot = slot
+            self._owner[slot] = first
             if self.prefix is not None and state.prompt_logprobs is None:
-                first.cached = self.prefix.restore(state.prompt_ids, first.slot)
+                first.cached = self.prefix.restore(state.prompt_ids, slot, request.adapter)
             self.prefilling.append(state)
             self.states[request.request_id] = state
+        self.waiting[:0] = held
 
     def _new_state(self, request: GenerationRequest) -> RequestState:
         params, prompt = request.params, request.prompt_token_ids or []
@@ -278,7 +301,7 @@ class ContinuousBatcher:
         if first.cached < len(state.prompt_ids):
             return
         if self.prefix is not None:
-            self.prefix.keep(state.prompt_ids, first.slot)
+            self.prefix.keep(state.prompt_ids, first.slot, state.request.adapter)
         self.prefilling.remove(state)
         self._start_decoding(state, logits[-1:])
         touched[state.request_id] = state

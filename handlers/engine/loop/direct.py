@@ -17,6 +17,10 @@ class DirectStepper:
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return self.engine.adapters
+
     def validate(self, request: GenerationRequest) -> None:
         self.engine.validate(request)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from handlers.engine.hf_tokenizer import HFTokenizer
@@ -18,6 +19,8 @@ from handlers.engine.loop.batcher import ContinuousBatcher
 from handlers.engine.loop.runner import Runner
 from handlers.engine.loop.thread import EngineLoop
 from handlers.engine.types import (
+    AdapterActivity,
+    AdapterError,
     EngineFailure,
     GenerationRequest,
     RequestOutput,
@@ -37,6 +40,24 @@ class Loaded(Protocol):
     max_model_len: int
 
 
+class AdapterSet(Protocol):
+    """The LoRA adapters an engine's runner applies (the torch engine's LoraSet)."""
+
+    max_loras: int
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    def register(self, name: str, path: Path) -> Any:
+        """Read and serve `path`'s adapter as `name`; AdapterError when it cannot."""
+
+    def unregister(self, name: str) -> Any:
+        """Serve `name` no more; AdapterError(missing=True) when it is not served."""
+
+    def pin(self, name: str, pinned: bool) -> None:
+        """Keep `name` in the runner's slots once there (or not); AdapterError when it cannot."""
+
+
 class LoopEngine:
     """Continuous batching over `new_runner()`'s forward passes (each makes a fresh runner and KV
     cache: one at the start and one per restart). `loop` runs the steps; it may run in the
@@ -46,13 +67,14 @@ class LoopEngine:
                  max_batch_size: int = 32, max_prefill_tokens: int = 512,
                  chat_template: str | None = None, stall_timeout: float | None = None,
                  prefix_cache_bytes: int = 0, on_serve: Callable[[], None] | None = None,
-                 on_stop: Callable[[], None] | None = None) -> None:
+                 on_stop: Callable[[], None] | None = None,
+                 lora: AdapterSet | None = None) -> None:
         self.model_name = loaded.name
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.device = loaded.device.type
         self.max_model_len = loaded.max_model_len
-        self.adapters: tuple[str, ...] = ()  # LoRA adapters are the vllm engine's
+        self.lora = lora
         self.loaded = loaded  # the weights, kept across restarts
 
         def new_batcher(counters: dict[str, int] | None) -> ContinuousBatcher:
@@ -64,6 +86,10 @@ class LoopEngine:
         self.vocab_size = self.batcher.runner.vocab_size
 
     @property
+    def adapters(self) -> tuple[str, ...]:
+        return () if self.lora is None else self.lora.names
+
+    @property
     def batcher(self) -> ContinuousBatcher:
         """The loop's batcher (replaced on a restart)."""
         return self.loop.batcher
@@ -73,9 +99,10 @@ class LoopEngine:
 
     def validate(self, request: GenerationRequest) -> None:
         params = request.params
-        if request.adapter is not None:
-            raise RequestValidationError("adapter", f"LoRA adapter {request.adapter!r}: this "
-                                         "engine serves none (the vllm engine serves adapters)")
+        if request.adapter is not None and request.adapter not in self.adapters:
+            served = ", ".join(self.adapters) or "none: LoRA is off (option.enable_lora)"
+            raise RequestValidationError("adapter", f"LoRA adapter {request.adapter!r} is not "
+                                         f"served (served: {served})")
         ids = prompt_ids(request, self.tokenizer.encode, self.max_model_len)
         if params.num_sequences > self.batcher.max_batch_size:
             raise RequestValidationError(
@@ -109,8 +136,31 @@ class LoopEngine:
     async def abort(self, request_id: str) -> None:
         self.loop.abort(request_id)
 
+    async def add_adapter(self, name: str, path: Path) -> None:
+        if self.lora is None:
+            raise AdapterError("LoRA is off: set option.enable_lora=true to register adapters")
+        await asyncio.to_thread(self.lora.register, name, path)  # reads and checks the files
+
+    async def pin_adapter(self, name: str, pinned: bool) -> None:
+        if self.lora is None:
+            raise AdapterError(f"no LoRA adapter {name!r} is served", missing=True)
+        self.lora.pin(name, pinned)
+
+    async def remove_adapter(self, name: str) -> None:
+        if self.lora is None:
+            raise AdapterError(f"no LoRA adapter {name!r} is served", missing=True)
+        self.lora.unregister(name)
+        # Its kept prefixes must not serve a new adapter registered under the same name.
+        self.loop.call(lambda batcher: batcher.forget_adapter(name))
+
     def stats(self) -> dict[str, int]:
         return self.batcher.stats()
+
+    def adapter_activity(self) -> AdapterActivity | None:
+        if self.lora is None:
+            return None
+        running, waiting = self.batcher.adapters_in_use
+        return AdapterActivity(self.lora.max_loras, running, waiting)
 
     async def start(self) -> None:
         """Run the loop in a thread of its own."""

@@ -36,6 +36,7 @@ class PrefixStore(Protocol):
 @dataclass(eq=False)
 class _Entry:
     tokens: tuple[int, ...]  # a prompt, at least one block long
+    adapter: str | None  # the LoRA adapter its keys/values were computed with
     saved: Any  # the runner's copy of their keys/values
     used: int  # when last kept or reused (a logical clock)
 
@@ -54,10 +55,11 @@ class PrefixCache:
         self.kept_tokens = 0  # in all entries, at most max_tokens
         self._clock = itertools.count()
 
-    def restore(self, prompt: Sequence[int], slot: int) -> int:
-        """Load the longest kept prefix of `prompt` into `slot`, leaving at least one token to
-        prefill (its logits start the answer). Returns how many tokens it loaded."""
-        entry, length = self._match(prompt, limit=len(prompt) - 1)
+    def restore(self, prompt: Sequence[int], slot: int, adapter: str | None = None) -> int:
+        """Load the longest kept prefix of `prompt`, computed with LoRA adapter `adapter` (None:
+        the base model), into `slot`, leaving at least one token to prefill (its logits start
+        the answer). Returns how many tokens it loaded."""
+        entry, length = self._match(prompt, adapter, limit=len(prompt) - 1)
         self.counters["prefix_cache_queries"] += len(prompt)
         if entry is None:
             return 0
@@ -66,13 +68,13 @@ class PrefixCache:
         self.counters["prefix_cache_hits"] += length
         return length
 
-    def keep(self, prompt: Sequence[int], slot: int) -> None:
-        """`slot` holds `prompt`'s keys/values: keep them, unless kept already. A kept prefix
-        this one extends gives its place up (the new one serves it too)."""
+    def keep(self, prompt: Sequence[int], slot: int, adapter: str | None = None) -> None:
+        """`slot` holds `prompt`'s keys/values (computed with `adapter`): keep them, unless kept
+        already. A kept prefix this one extends gives its place up (the new one serves it too)."""
         length = len(prompt)
         if length < BLOCK or length > self.max_tokens:
             return
-        entry, matched = self._match(prompt, limit=length)
+        entry, matched = self._match(prompt, adapter, limit=length)
         if entry is not None and matched == length:
             entry.used = next(self._clock)
             return
@@ -81,23 +83,31 @@ class PrefixCache:
         while self.kept_tokens + length > self.max_tokens or (
                 self.max_entries is not None and len(self._entries) >= self.max_entries):
             self._drop(min(self._entries, key=lambda e: e.used))
-        entry = _Entry(tuple(prompt[:length]), self.store.save_prefix(slot, length),
+        entry = _Entry(tuple(prompt[:length]), adapter, self.store.save_prefix(slot, length),
                        next(self._clock))
         self._entries.append(entry)
         self.kept_tokens += length
-        for key in _block_hashes(entry.tokens, length):
+        for key in _block_hashes(entry.tokens, length, adapter):
             self._by_hash.setdefault(key, []).append(entry)
 
-    def _match(self, prompt: Sequence[int], limit: int) -> tuple[_Entry | None, int]:
-        """The most recent entry sharing the most whole blocks with `prompt`, and how many
-        tokens they share, whole blocks and then single tokens (at most `limit`)."""
+    def forget(self, adapter: str) -> None:
+        """Drop every prefix computed with LoRA adapter `adapter`."""
+        for entry in [e for e in self._entries if e.adapter == adapter]:
+            self._drop(entry)
+
+    def _match(self, prompt: Sequence[int], adapter: str | None, limit: int
+               ) -> tuple[_Entry | None, int]:
+        """The most recent entry of `adapter` sharing the most whole blocks with `prompt`, and
+        how many tokens they share, whole blocks and then single tokens (at most `limit`)."""
         found, length = None, 0
-        for blocks, key in enumerate(_block_hashes(prompt, limit), start=1):
+        for blocks, key in enumerate(_block_hashes(prompt, limit, adapter), start=1):
             holders = self._by_hash.get(key)
             if not holders:
                 break
             found, length = holders[-1], blocks * BLOCK
         # A hash is not the tokens: confirm, shortening to what truly matches (collisions only).
+        if found is not None and found.adapter != adapter:
+            return None, 0
         while found is not None and length and found.tokens[:length] != tuple(prompt[:length]):
             length -= BLOCK
         if found is None or not length:
@@ -111,16 +121,17 @@ class PrefixCache:
         self.store.drop_prefix(entry.saved)
         self._entries.remove(entry)
         self.kept_tokens -= len(entry.tokens)
-        for key in _block_hashes(entry.tokens, len(entry.tokens)):
+        for key in _block_hashes(entry.tokens, len(entry.tokens), entry.adapter):
             holders = self._by_hash[key]
             holders.remove(entry)
             if not holders:
                 del self._by_hash[key]
 
 
-def _block_hashes(tokens: Sequence[int], limit: int) -> Iterator[int]:
-    """The chained hash of each whole block prefix of tokens[:limit]."""
-    key = 0
+def _block_hashes(tokens: Sequence[int], limit: int, adapter: str | None) -> Iterator[int]:
+    """The chained hash of each whole block prefix of tokens[:limit], under `adapter` (the same
+    tokens give other keys and values with another adapter)."""
+    key = hash(adapter)
     for start in range(0, limit - BLOCK + 1, BLOCK):
         key = hash((key, *tokens[start : start + BLOCK]))
         yield key

@@ -52,5 +52,10 @@ class Runner(PrefixStore, Protocol):
 
     def swap(self, a: int, b: int, a_len: int, b_len: int) -> None: ...
 
+    def use_adapter(self, slot: int, adapter: str | None) -> bool:
+        """The sequence in `slot` runs with LoRA adapter `adapter` (None: the base model); moves
+        and swaps carry it along, release ends it. False: not now (the adapters one pass may
+        mix are running); the request waits."""
+
     def release(self, slot: int) -> None:
         """The slot's sequence ended."""

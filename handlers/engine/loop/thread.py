@@ -46,6 +46,14 @@ class _Restart:
     reason: str
 
 
+@dataclass
+class _Call:
+    work: Callable[[ContinuousBatcher], None]
+
+
+_Item = _Submit | _Abort | _Restart | _Call | None  # None: stop
+
+
 class EngineLoop:
     """`new_batcher(counters)` makes a batcher (with a fresh runner and KV cache) that carries
     on `counters` (None: new ones). `on_serve` runs when serving begins (each `run_forever`, and
@@ -62,7 +70,7 @@ class EngineLoop:
         self._on_stop = on_stop
         self.failure: BaseException | None = None  # why the loop last ended, until reset()
         self._step_began: float | None = None  # monotonic time of the step running now
-        self._inbox: queue.SimpleQueue[_Submit | _Abort | _Restart | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._sinks: dict[str, _Submit] = {}
         self._thread: threading.Thread | None = None
         self._running = False
@@ -80,6 +88,11 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
+
+    def call(self, work: Callable[[ContinuousBatcher], None]) -> None:
+        """Run `work` on the batcher in the engine's thread, between steps, in order with the
+        submissions before and after it."""
+        self._inbox.put(_Call(work))
 
     def start(self) -> None:
         """Run the loop in a thread of its own."""
@@ -173,7 +186,9 @@ class EngineLoop:
                 return False
             if isinstance(item, _Restart):
                 raise EngineFailure(item.reason)
-            if isinstance(item, _Submit):
+            if isinstance(item, _Call):
+                item.work(self.batcher)
+            elif isinstance(item, _Submit):
                 self._sinks[item.request.request_id] = item
                 self.batcher.add(item.request)
             else:

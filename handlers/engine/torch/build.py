@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-from handlers.config import Config, chat_template_text
+import logging
+
+from handlers.config import Config, ConfigError, chat_template_text, with_source_adapters
 from handlers.engine.base import EngineBuild
 from handlers.engine.loop.direct import DirectStepper
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
+from handlers.engine.torch.lora import LoraSet
+from handlers.engine.types import AdapterError
 from handlers.model_source import resolve_model_source
 
 # What recent prompts' keys/values may take while kept for reuse (option.enable_prefix_caching,
 # on unless set false, as vLLM's): ~5,800 tokens of SmolLM2-135M's float32 cache.
 PREFIX_CACHE_BYTES = 256 << 20
 
+log = logging.getLogger(__name__)
+
 
 def build(config: Config) -> EngineBuild:
     source = resolve_model_source(config.model_id, config.model_dir, config.revision)
+    config = with_source_adapters(config, source)
     loaded = load_model(source, dtype=config.dtype, device=config.device,
                         max_model_len=config.max_model_len,
                         trust_remote_code=config.trust_remote_code, name=config.model_name)
@@ -26,9 +33,23 @@ def build(config: Config) -> EngineBuild:
     # vLLM's meaning: option.enforce_eager=true runs the step eagerly, without compiling it.
     graphs = None if config.enforce_eager else DecodeGraphs.for_model(
         loaded, config.max_rolling_batch_size, loaded.max_model_len)
+    lora = None if config.lora is None else LoraSet(config.lora.max_loras, config.lora.max_rank)
     engine = TorchEngine(loaded, max_batch_size=config.max_rolling_batch_size,
                          max_prefill_tokens=prefill, chat_template=chat_template_text(config),
                          stall_timeout=config.engine_stall_timeout or None,
                          prefix_cache_bytes=0 if config.enable_prefix_caching is False
-                         else PREFIX_CACHE_BYTES, graphs=graphs)
+                         else PREFIX_CACHE_BYTES, graphs=graphs, lora=lora)
+    if lora is not None:  # the runner wrapped the model's projections: the adapters fit in
+        _add_adapters(config, lora)
     return EngineBuild(engine, main_loop=engine.loop, steppable=DirectStepper(engine))
+
+
+def _add_adapters(config: Config, lora: LoraSet) -> None:
+    for adapter in config.adapters:
+        try:
+            weights = lora.register(adapter.name, adapter.path)
+        except AdapterError as exc:
+            raise ConfigError(f"LoRA adapter {adapter.name!r} ({adapter.path}, "
+                              f"{adapter.source}): {exc}") from None
+        log.info("serving LoRA adapter %s: %s (rank %d, %d modules; %s)", adapter.name,
+                 adapter.path, weights.rank, len(weights.modules), adapter.source)

@@ -1,12 +1,14 @@
 """The torch engine: the shared engine loop (handlers/engine/loop/) over a `ModelRunner`, the
 forward passes of a Hugging Face causal LM (CPU by default, CUDA when present), with its decode
-steps compiled into graphs where `graphs` is given."""
+steps compiled into graphs where `graphs` is given, and LoRA adapters applied per row where
+`lora` is given (lora.py)."""
 
 from __future__ import annotations
 
 from handlers.engine.loop.engine import LoopEngine
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.loader import LoadedModel
+from handlers.engine.torch.lora import LoraSet
 from handlers.engine.torch.model_runner import ModelRunner
 
 
@@ -14,16 +16,18 @@ class TorchEngine(LoopEngine):
     def __init__(self, loaded: LoadedModel, max_batch_size: int = 32,
                  max_prefill_tokens: int = 512, chat_template: str | None = None,
                  stall_timeout: float | None = None, prefix_cache_bytes: int = 0,
-                 graphs: DecodeGraphs | None = None) -> None:
+                 graphs: DecodeGraphs | None = None, lora: LoraSet | None = None) -> None:
         self.graphs = graphs
         super().__init__(
-            loaded, lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len, graphs),
+            loaded,
+            lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len, graphs, lora),
             max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens,
             chat_template=chat_template, stall_timeout=stall_timeout,
             prefix_cache_bytes=prefix_cache_bytes,
             # Loaded or compiled once serving begins, not while the server starts: loading
             # holds the GIL for seconds.
-            on_serve=graphs.start if graphs else None, on_stop=graphs.close if graphs else None)
+            on_serve=graphs.start if graphs else None, on_stop=graphs.close if graphs else None,
+            lora=lora)
 
     def stats(self) -> dict[str, int]:
         stats = super().stats()

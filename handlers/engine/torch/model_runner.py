@@ -10,6 +10,7 @@ lengths share one batch without any left padding in the cache.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.kv_cache import SavedPrefix, SlotKVCache
 from handlers.engine.torch.llama_stack import LlamaStack
+from handlers.engine.torch.lora import LoraSet
 from handlers.engine.torch.onednn_linear import use_onednn_linears
 
 log = logging.getLogger(__name__)
@@ -34,9 +36,11 @@ class ModelRunner:
     prefix_places = None  # kept prefixes are copies of their own: as many as the budget holds
 
     def __init__(self, model: nn.Module, num_slots: int, max_len: int,
-                 graphs: DecodeGraphs | None = None) -> None:
+                 graphs: DecodeGraphs | None = None, lora: LoraSet | None = None) -> None:
         self.model = model
         self.graphs = graphs  # compiled decode steps, used for the row counts they have
+        self.lora = lora  # LoRA adapters, applied to the rows whose slots use one
+        self._slot_adapters = [0] * num_slots  # each slot's adapter slot (0: the base model)
         config = model.config.get_text_config()
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
@@ -52,6 +56,8 @@ class ModelRunner:
             row_reductions.available()  # built now (first start: seconds), not in a first request
         self.vocab_size = model.get_output_embeddings().out_features
         log.info("%d projection groups fused", fuse_projections(model))  # before packing
+        if lora is not None:
+            lora.attach(model)
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             log.info("%d linear layers run on oneDNN",
                      use_onednn_linears(model, self.dtype))
@@ -83,16 +89,19 @@ class ModelRunner:
         """One token for each row in the contiguous slots first_slot.., whose `lengths` tokens are
         cached already. Returns float32 logits [B, V]."""
         rows = len(token_ids)
-        graph = None if self.graphs is None or first_slot else self.graphs.for_rows(rows)
+        row_slots = list(range(first_slot, first_slot + rows))
+        # The graphs are the base model's: a pass with adapter rows runs eagerly.
+        graph = None if self.graphs is None or first_slot or self._adapted(row_slots) \
+            else self.graphs.for_rows(rows)
         pad = 0 if graph is not None else max(0, self.min_rows - rows)  # a graph: one per row
+        row_slots += [first_slot] * pad  # padding repeats row 0
+        self._use_adapters(row_slots)
         ids = torch.tensor(token_ids + token_ids[:1] * pad, device=self.device)[:, None]
         lens = torch.tensor(lengths + lengths[:1] * pad, device=self.device)
         read_len = int(lens.max()) + 1
         keys = torch.arange(read_len, device=self.device)
         mask = self._additive(keys[None, :] <= lens[:, None])[:, None, None, :]
-        slots = slice(first_slot, first_slot + rows)
-        if pad:
-            slots = torch.tensor([*range(first_slot, first_slot + rows), *[first_slot] * pad])
+        slots = torch.tensor(row_slots) if pad else slice(first_slot, first_slot + rows)
         self.cache.bind(slots, lens[:, None], read_len)
         if graph is not None:
             return graph(ids, lens[:, None], mask, self.cache.keys, self.cache.values)
@@ -118,6 +127,7 @@ class ModelRunner:
         visible &= (offsets[None, :, None] < sizes[:, None, None]) | (keys[None, None, :] == 0)
         mask = self._additive(visible)[:, None]
         slots = torch.tensor([c.slot for c in chunks])
+        self._use_adapters([c.slot for c in chunks])
         self.cache.bind(slots, positions, read_len)
         hidden = self._forward(ids, positions, mask)
         logits = []
@@ -135,15 +145,41 @@ class ModelRunner:
                                 past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state
 
+    def _adapted(self, slots: Iterable[int]) -> bool:
+        return self.lora is not None and any(self._slot_adapters[slot] for slot in slots)
+
+    def _use_adapters(self, slots: list[int]) -> None:
+        """The next pass applies the adapters of the sequences in `slots`, one per row."""
+        if self.lora is not None:
+            rows = [self._slot_adapters[slot] for slot in slots]
+            self.lora.rows.use(torch.tensor(rows, device=self.device) if any(rows) else None)
+
+    def use_adapter(self, slot: int, adapter: str | None) -> bool:
+        """The sequence in `slot` runs with LoRA adapter `adapter` (None: the base model);
+        False when the adapter cannot be stacked now (max_loras others are running)."""
+        if adapter is None:
+            self._slot_adapters[slot] = 0
+            return True
+        if self.lora is None:
+            raise ValueError(f"LoRA adapter {adapter!r}: this model serves no adapters")
+        stacked = self.lora.slot_for(adapter, set(self._slot_adapters) - {0})
+        if stacked is None:
+            return False
+        self._slot_adapters[slot] = stacked
+        return True
+
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         zero = torch.zeros((), dtype=self.mask_dtype, device=self.device)
         return torch.where(visible, zero, self._neg_inf)
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
+        self._slot_adapters[dst] = self._slot_adapters[src]
 
     def swap(self, a: int, b: int, a_len: int, b_len: int) -> None:
         self.cache.swap_slots(a, b, a_len, b_len)
+        adapters = self._slot_adapters
+        adapters[a], adapters[b] = adapters[b], adapters[a]
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -161,3 +197,4 @@ class ModelRunner:
     def release(self, slot: int) -> None:
         """The slot's sequence ended; its next user overwrites what it cached."""
         self.cache.release(slot)
+        self._slot_adapters[slot] = 0

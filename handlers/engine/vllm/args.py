@@ -76,41 +76,25 @@ def engine_kwargs(config: Config, model: str, fields: Mapping[str, Any], gpus: i
     if gpus == 0 and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & {
             *passed, *(t for f, t in LMI_TO_VLLM.items() if _given(config, f))}:
         kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-    return kwargs | lora_kwargs(config, passed, fields) | passed
+    return kwargs | lora_kwargs(config, fields) | passed
 
 
-def lora_kwargs(config: Config, passed: Mapping[str, Any], fields: Mapping[str, Any]
-                ) -> dict[str, Any]:
-    """vLLM's LoRA arguments for the adapters served (config.adapters): LoRA on, a slot for
-    each adapter, room for the largest rank; what was set by name (`passed`) stays, unless it
-    cannot serve them (ConfigError)."""
-    adapters = config.adapters
-    if not adapters:
+def lora_kwargs(config: Config, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's LoRA arguments (config.lora): on, max_loras slots, and max_lora_rank as given,
+    else the smallest rank vLLM accepts that holds the largest adapter's."""
+    limits = config.lora
+    if limits is None:
         return {}
-    largest = max(adapters, key=lambda adapter: adapter.rank)
-    named = f"LoRA adapters are configured ({', '.join(a.name for a in adapters)})"
-    if passed.get("enable_lora") is False:
-        raise ConfigError(f"option.enable_lora=false ({config.engine_args['enable_lora'][1]}) "
-                          f"turns LoRA off, but {named}: remove one or the other")
-    lora: dict[str, Any] = {"enable_lora": True}
-    if "max_loras" not in passed:
-        lora["max_loras"] = len(adapters)
-    given = passed.get("max_lora_rank")
-    if isinstance(given, int) and given < largest.rank:
-        raise ConfigError(f"option.max_lora_rank={given} "
-                          f"({config.engine_args['max_lora_rank'][1]}) is below the rank "
-                          f"{largest.rank} of LoRA adapter {largest.name!r} ({largest.path})")
-    if given is None:
-        lora["max_lora_rank"] = lora_rank(largest.rank, largest.name, fields)
-    return lora
+    rank = limits.max_rank if limits.rank_given else lora_rank(limits.max_rank, fields)
+    return {"enable_lora": True, "max_loras": limits.max_loras, "max_lora_rank": rank}
 
 
-def lora_rank(rank: int, name: str, fields: Mapping[str, Any]) -> int:
-    """The smallest max_lora_rank vLLM accepts that holds `rank` (the adapter `name`'s)."""
+def lora_rank(rank: int, fields: Mapping[str, Any]) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds `rank`."""
     accepted = typing.get_args(fields.get("max_lora_rank")) or LORA_RANKS
     fits = [r for r in accepted if isinstance(r, int) and r >= rank]
     if not fits:
-        raise ConfigError(f"LoRA adapter {name!r} has rank {rank}; vLLM serves ranks up to "
+        raise ConfigError(f"LoRA rank {rank} is above the largest vLLM serves, "
                           f"{max(accepted)}")
     return min(fits)
 

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 from vllm import AsyncEngineArgs, AsyncLLMEngine
 
-from handlers.config import Config, ConfigError, chat_template_text
+from handlers.config import Config, ConfigError, chat_template_text, with_source_adapters
 from handlers.engine.base import EngineBuild
 from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.engine.hf_tokenizer import HFTokenizer
@@ -26,6 +26,7 @@ def build(config: Config) -> EngineBuild:
     """The engine, to start on the server's event loop (the DJL entry steps it on a loop of
     its own: handlers.engine.stepped)."""
     model_dir = model_directory(config)
+    config = with_source_adapters(config, model_dir)
     kwargs = engine_kwargs(config, str(model_dir), vllm_fields(), torch.cuda.device_count())
     _check_device(config)
     _log_adapters(config)

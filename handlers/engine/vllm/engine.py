@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from vllm import SamplingParams, TokensPrompt
@@ -24,6 +25,8 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from handlers.engine.grammars import Grammars
 from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.types import (
+    AdapterActivity,
+    AdapterError,
     EngineFailure,
     GenerationRequest,
     RequestOutput,
@@ -46,7 +49,7 @@ class VllmEngine:
         # LoRA adapters, (name, path): vLLM knows each by a positive id of our choosing.
         self._loras = {name: LoRARequest(name, lora_id, path)
                        for lora_id, (name, path) in enumerate(adapters, start=1)}
-        self.adapters = tuple(self._loras)
+        self._next_lora_id = len(self._loras) + 1
         config = llm.model_config
         self.max_model_len: int = config.max_model_len
         self.dtype = str(config.dtype).removeprefix("torch.")
@@ -57,6 +60,7 @@ class VllmEngine:
         # bad one is refused before admission with the torch engine's message.
         self._grammars = Grammars(tokenizer.hf, config.get_vocab_size(), tokenizer.eos_token_ids)
         self._running: dict[str, bool] = {}  # request id -> whether it produced output yet
+        self._adapter_of: dict[str, str] = {}  # request id -> its LoRA adapter, where it has one
         self._progress = time.monotonic()  # when vLLM last produced an output
         self._counters = {"prompt_tokens": 0, "generated_tokens": 0, "finished_requests": 0}
         if llm.vllm_config.cache_config.enable_prefix_caching:  # counted from its outputs
@@ -100,6 +104,8 @@ class VllmEngine:
                                    self.sampling_params(request), rid,
                                    lora_request=self._lora(request), priority=request.priority)
         self._running[rid] = False
+        if request.adapter is not None:
+            self._adapter_of[rid] = request.adapter
         self._counters["prompt_tokens"] += len(request.prompt_token_ids)
         try:
             async for out in stream:
@@ -113,6 +119,7 @@ class VllmEngine:
             raise self._failure(exc) from exc
         finally:
             self._running.pop(rid, None)
+            self._adapter_of.pop(rid, None)
             self._counters["finished_requests"] += 1
             await stream.aclose()  # vLLM aborts a request whose stream closes unfinished
 
@@ -137,6 +144,15 @@ class VllmEngine:
         return {"running_requests": running, "waiting_requests": len(self._running) - running,
                 **self._counters}
 
+    def adapter_activity(self) -> AdapterActivity | None:
+        lora = self.llm.vllm_config.lora_config
+        if not lora:
+            return None
+        adapters = dict(self._adapter_of)
+        running = {name for rid, name in adapters.items() if self._running.get(rid)}
+        waiting = set(adapters.values()) - running
+        return AdapterActivity(lora.max_loras, tuple(sorted(running)), tuple(sorted(waiting)))
+
     async def start(self) -> None:
         await self._load_adapters()
         self._started = True
@@ -145,6 +161,41 @@ class VllmEngine:
     async def shutdown(self) -> None:
         self._started = False
         self.llm.shutdown()
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return tuple(self._loras)
+
+    async def add_adapter(self, name: str, path: Path) -> None:
+        """Load an adapter at runtime, as vLLM's /v1/load_lora_adapter does (vLLM checks it
+        against the model as it loads it)."""
+        if name in self._loras:
+            raise AdapterError(f"an adapter named {name!r} is served already")
+        if not self.llm.vllm_config.lora_config:
+            raise AdapterError("LoRA is off: set option.enable_lora=true to register adapters")
+        lora = LoRARequest(name, self._next_lora_id, str(path))
+        self._next_lora_id += 1
+        try:
+            await self.llm.add_lora(lora)
+        except Exception as exc:
+            raise AdapterError(f"LoRA adapter {name!r} ({path}) does not load: {exc}") from None
+        self._loras[name] = lora
+
+    async def pin_adapter(self, name: str, pinned: bool) -> None:
+        """vLLM pins an adapter for good: it has no unpinning."""
+        lora = self._loras.get(name)
+        if lora is None:
+            raise AdapterError(f"no LoRA adapter {name!r} is served", missing=True)
+        if not pinned:
+            raise AdapterError("vLLM cannot unpin an adapter (pin=false): remove and register "
+                               "it again")
+        await self.llm.pin_lora(lora.lora_int_id)
+
+    async def remove_adapter(self, name: str) -> None:
+        lora = self._loras.pop(name, None)
+        if lora is None:
+            raise AdapterError(f"no LoRA adapter {name!r} is served", missing=True)
+        await self.llm.remove_lora(lora.lora_int_id)
 
     def _lora(self, request: GenerationRequest) -> LoRARequest | None:
         return None if request.adapter is None else self._loras[request.adapter]

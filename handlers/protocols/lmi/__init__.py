@@ -16,7 +16,7 @@ from handlers.protocols.lmi.formatters import (
 from handlers.protocols.lmi.request import (
     CHECKS,
     LmiRequest,
-    lmi_adapter,
+    lmi_adapters,
     parse_lmi_request,
     to_generation_request,
 )
@@ -34,7 +34,7 @@ __all__ = [
     "answer_style",
     "early_failure",
     "generation_error",
-    "lmi_adapter",
+    "lmi_adapters",
     "parse_lmi_request",
     "render_json",
     "stream_style",

@@ -56,7 +56,8 @@ class DynamicRequest(BaseModel):
 
     inputs: Prompts
     parameters: LmiParameters = Field(default_factory=LmiParameters)
-    adapters: str | None = None  # the LoRA adapter every input runs with, as in rolling batch
+    # The LoRA adapter every input runs with, or one per input (DJL LMI's list form)
+    adapters: str | list[str] | None = None
 
 
 def parse_dynamic_request(body: Any) -> DynamicRequest:
@@ -71,12 +72,13 @@ def parse_dynamic_request(body: Any) -> DynamicRequest:
     return request
 
 
-def to_generation_requests(request: DynamicRequest, adapter: str | None = None
+def to_generation_requests(request: DynamicRequest, adapters: list[str | None]
                            ) -> list[GenerationRequest]:
+    """One engine request per input, with its adapter (`lmi_adapters`)."""
     return [
         GenerationRequest(prompt=prompt, params=to_sampling_params(request.parameters),
                           adapter=adapter)
-        for prompt in request.inputs
+        for prompt, adapter in zip(request.inputs, adapters, strict=True)
     ]
 
 

@@ -25,7 +25,8 @@ class LmiRequest(BaseModel):
     inputs: str = Field(min_length=1)
     parameters: LmiParameters = Field(default_factory=LmiParameters)
     stream: bool = False
-    adapters: str | None = None  # DJL LMI's name for the LoRA adapter to run with
+    # DJL LMI's name for the LoRA adapter to run with: a name, or a list of one (per input)
+    adapters: str | list[str] | None = None
 
 
 def parse_lmi_request(body: Any) -> LmiRequest:
@@ -49,12 +50,19 @@ def to_generation_request(request: LmiRequest, adapter: str | None = None
                              adapter=adapter)
 
 
-def lmi_adapter(name: str | None, model: str, adapters: Sequence[str],
-                error: type[ProtocolError] = LmiError) -> str | None:
-    """The LoRA adapter a body's `adapters` names (None: the base model, for none, "" or the
-    model's name); an `error` 404 naming it when the engine serves no such adapter."""
+def lmi_adapters(named: str | list[str] | None, inputs: int, model: str,
+                 adapters: Sequence[str], error: type[ProtocolError] = LmiError
+                 ) -> list[str | None]:
+    """The LoRA adapter of each of `inputs` inputs, as a body's `adapters` names them: one name
+    for all, or a list with one per input (DJL LMI's), where None, "" or the model's name is the
+    base model. An `error` 400 when the list does not align with the inputs, 404 naming an
+    adapter the engine does not serve."""
+    names = named if isinstance(named, list) else [named] * inputs
+    if len(names) != inputs:
+        raise error(f"adapters: {len(names)} adapters for {inputs} inputs: name one per input "
+                    '("" for the base model)')
     try:
-        return adapter_named(name, model, adapters)
+        return [adapter_named(name, model, adapters) for name in names]
     except UnknownAdapter as exc:
         raise error(f"adapters: {exc.message}", ErrorKind.NOT_FOUND) from None
 

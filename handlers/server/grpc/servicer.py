@@ -51,7 +51,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                          extensions=kserve_v2.EXTENSIONS)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        served = await _answer(context, lambda: self._generator(request.name, request.version))
+        served, _ = await _answer(context,
+                                  lambda: self._generator(request.name, request.version))
         return pb.ModelReadyResponse(ready=served.ready)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -100,23 +101,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ------------------------------------------------------------------------------
 
-    def _generator(self, model: str, version: str) -> Served:
+    def _generator(self, model: str, version: str) -> tuple[Served, str | None]:
+        """The generation model, and the LoRA adapter `model` names (None: the model)."""
         generator = self.ctx.generator
-        kserve_v2.check_model(model, version or None, generator and generator.name)
+        adapter = kserve_v2.check_model(model, version or None, generator and generator.name,
+                                        self.ctx.adapters())
         assert generator is not None  # check_model refuses a server without one
-        return generator
+        return generator, adapter
 
     async def _prepare(self, request: Any, deadline: float | None, stream: bool = False
                        ) -> tuple[kserve_v2.InferRequest, LmiParameters, Generation]:
         if isinstance(request, Undecodable):  # a streamed message that did not parse
             raise KServeError(request.message)
-        engine = self._generator(request.model_name, request.model_version) \
-            .ready_engine(KServeError)
+        generator, adapter = self._generator(request.model_name, request.model_version)
+        engine = generator.ready_engine(KServeError)
         infer = kserve_v2.infer_request(request.id, _tensors(request), _parameters(request),
                                         _outputs(request))
         if stream and len(infer.prompts) != 1:
             raise KServeError("a streamed request takes one prompt")
-        gens, params = kserve_v2.generation_requests(infer)
+        gens, params = kserve_v2.generation_requests(infer, adapter)
         timeouts = [t for t in (kserve_v2.timeout_seconds(infer), deadline) if t is not None]
         generation = await self.ctx.generation(engine, gens, kserve_v2.CHECKS,
                                                min(timeouts, default=None))

@@ -1,6 +1,6 @@
 """Databricks' serving endpoints: `POST /serving-endpoints/{model}/invocations` answers chat,
 completions or embeddings, whichever the body asks for and the endpoint's model does, in
-OpenAI's shapes."""
+OpenAI's shapes. An endpoint named after a LoRA adapter answers with that adapter."""
 
 from __future__ import annotations
 
@@ -38,14 +38,16 @@ def router(ctx: ServerContext) -> APIRouter:
     @routes.post("/serving-endpoints/{model}/invocations")
     async def databricks(model: str, request: Request) -> Response:
         served = ctx.model_names()
-        if model not in served:
-            error = model_not_found(model, ", ".join(served))
+        if model not in served and model not in ctx.adapters():
+            error = model_not_found(model, ", ".join(served), ctx.adapters())
             return to_response(error_reply(error, OPENAI.table))
 
         async def endpoint(ctx: ServerContext, request: Request, body: Any) -> Answer:
             async def task() -> Answer:
                 key = task_key(body)
                 check_endpoint_task(model, key, ctx.embedding_model())
+                if model in ctx.adapters() and isinstance(body, dict):
+                    body["model"] = model  # an adapter's endpoint: its requests run with it
                 return await _HANDLERS[key](ctx, request, body)
 
             return await guarded(OPENAI, task)

@@ -28,6 +28,8 @@ EMPTY = None  # a response without a body
 
 # SageMaker's adapter header: it names the LoRA adapter whatever protocol the body speaks.
 ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
+# SageMaker's free-form attributes; DJL Serving reads `key=value` pairs from them (`adapter`).
+CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 
 Operation = tuple[str, str]  # (method, path as FastAPI renders it)
 BodyHandler = Callable[[ServerContext, Request, Any], Awaitable[Answer]]
@@ -43,7 +45,8 @@ class Doc:
     ok: dict[str, Any] | None = None  # None: it never answers 200
     errors: dict[int, Any] = field(default_factory=dict)
     request_media: tuple[str, ...] = (JSON,)
-    headers: tuple[dict[str, Any], ...] = ()  # header parameters it reads
+    # the parameters it reads that FastAPI does not see (headers, query, path: OpenAPI objects)
+    parameters: tuple[dict[str, Any], ...] = ()
 
 
 def error_bodies(body: Any, *statuses: int) -> dict[int, Any]:

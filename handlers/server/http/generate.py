@@ -58,19 +58,21 @@ def _route(ctx: ServerContext, stream: bool) -> Callable[..., Any]:
     return generate
 
 
-def _engine(ctx: ServerContext, model: str, version: str | None) -> Engine:
+def _engine(ctx: ServerContext, model: str, version: str | None
+            ) -> tuple[Engine, str | None]:
+    """The engine, and the LoRA adapter `model` names (None: the model itself)."""
     generator = ctx.generator
-    check_model(model, version, generator and generator.name)
+    adapter = check_model(model, version, generator and generator.name, ctx.adapters())
     assert generator is not None  # check_model refuses a server without one
-    return generator.ready_engine(KServeError)
+    return generator.ready_engine(KServeError), adapter
 
 
 async def _answer(ctx: ServerContext, request: Request, model: str, version: str | None,
                   body: Any, stream: bool) -> Answer:
     async def answer() -> Answer:
-        engine = _engine(ctx, model, version)
+        engine, adapter = _engine(ctx, model, version)
         parsed = parse_generate_request(body)
-        gen = generation_request(parsed)
+        gen = generation_request(parsed, adapter)
         generation = await ctx.generation(engine, [gen], CHECKS, parsed.parameters.timeout)
         renderer = GenerateRenderer(parsed, model, version, gen.arrival_time,
                                     ctx.settings.full_text_enabled)

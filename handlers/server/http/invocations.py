@@ -12,9 +12,12 @@ declared today, a JSON object is, in this order:
 5. embeddings when it has `input`;
 6. else LMI's schema, as anything that is not an object.
 
-SageMaker's adapter header (`X-Amzn-SageMaker-Adapter-Identifier`) names the LoRA adapter
-whatever the body speaks: it sets the body's own selector, over what the body says (as vLLM's
-SageMaker integration sets `model`, and DJL LMI reads the header before `adapters`).
+The LoRA adapter may be named outside the body, whatever the body speaks, first found wins (DJL
+LMI's order): SageMaker's adapter header (`X-Amzn-SageMaker-Adapter-Identifier`, inference
+components), `adapter=NAME` in `X-Amzn-SageMaker-Custom-Attributes` (`;`-separated pairs, as DJL
+Serving splits them), then the `adapter` query parameter. It sets the body's own selector, over
+what the body says (as vLLM's SageMaker integration sets `model`, and DJL LMI reads these before
+`adapters`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ from handlers.protocols.errors import ErrorKind
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer
 from handlers.server.http.answers import to_response
-from handlers.server.http.descriptor import ADAPTER_HEADER, Body, Doc, Protocol, merged
+from handlers.server.http.descriptor import (
+    ADAPTER_HEADER,
+    CUSTOM_ATTRIBUTES,
+    Body,
+    Doc,
+    Protocol,
+    merged,
+)
 from handlers.server.http.guard import read_then
 from handlers.server.http.lmi import LMI
 
@@ -58,7 +68,7 @@ class Invocations:
         refused in LMI's shape)."""
         async def answer(body: Any) -> Answer:
             body_of = self.body(ctx, body, request.headers)
-            adapter = request.headers.get(ADAPTER_HEADER)
+            adapter = requested_adapter(request)
             if adapter is not None and isinstance(body, dict):
                 body = {**body, body_of.selector: adapter}
             return await body_of.handler(ctx, request, body)
@@ -67,6 +77,18 @@ class Invocations:
 
     def doc(self, summary: str) -> Doc:
         return merged(summary, [body.doc for body in self.bodies])
+
+
+def requested_adapter(request: Request) -> str | None:
+    """The adapter named outside the body (the module's docstring says where), or None."""
+    named = request.headers.get(ADAPTER_HEADER)
+    if named is not None:
+        return named
+    for pair in request.headers.get(CUSTOM_ATTRIBUTES, "").split(";"):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip() == "adapter":
+            return value.strip()
+    return request.query_params.get("adapter")
 
 
 def protocol(entry: Invocations) -> Protocol:

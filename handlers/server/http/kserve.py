@@ -146,9 +146,9 @@ def _v2_routes(routes: APIRouter, ctx: ServerContext) -> None:
 
 
 def _generator(ctx: ServerContext, model: str, version: str | None) -> Any:
-    """The served generation model `model` names, or a 404."""
+    """The served generation model `model` names (itself or one of its adapters), or a 404."""
     generator = ctx.generator
-    kserve_v2.check_model(model, version, generator and generator.name)
+    kserve_v2.check_model(model, version, generator and generator.name, ctx.adapters())
     return generator
 
 
@@ -188,7 +188,8 @@ async def _infer(ctx: ServerContext, request: Request, model: str, version: str 
         header, binary = await _read_infer_body(request, ctx.settings.max_request_size)
         infer = kserve_v2.parse_rest_request(header, binary)
         adopt_request_id(infer.id)
-        gens, params = kserve_v2.generation_requests(infer)
+        adapter = None if model == ctx.generator.name else model  # _generator checked it
+        gens, params = kserve_v2.generation_requests(infer, adapter)
         generation = await ctx.generation(engine, gens, kserve_v2.CHECKS,
                                     kserve_v2.timeout_seconds(infer))
         folded = await driver.complete(generation, disconnect_watch(request))

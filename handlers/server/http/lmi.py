@@ -21,7 +21,7 @@ from handlers.protocols.lmi import (
     TokenEvents,
     answer_style,
     generation_error,
-    lmi_adapter,
+    lmi_adapters,
     parse_lmi_request,
     render_json,
     to_generation_request,
@@ -80,8 +80,8 @@ def _not_a_text_model(model: str) -> LmiError:
 
 async def _rolling(ctx: ServerContext, engine: Engine, request: Request, body: Any) -> Answer:
     lmi = parse_lmi_request(body)
-    gen = to_generation_request(lmi, lmi_adapter(lmi.adapters, ctx.settings.model_name,
-                                                 engine.adapters))
+    gen = to_generation_request(lmi, lmi_adapters(lmi.adapters, 1, ctx.settings.model_name,
+                                                  engine.adapters)[0])
     settings = ctx.settings
     opts = RenderOptions.for_request(lmi, settings.tgi_compat)
     style = answer_style(lmi, settings.output_formatter, settings.tgi_compat)
@@ -98,9 +98,9 @@ async def _rolling(ctx: ServerContext, engine: Engine, request: Request, body: A
 
 async def _dynamic(ctx: ServerContext, engine: Engine, request: Request, body: Any) -> Answer:
     parsed = parse_dynamic_request(body)
-    adapter = lmi_adapter(parsed.adapters, ctx.settings.model_name, engine.adapters,
-                          DynamicError)
-    gens = to_generation_requests(parsed, adapter)
+    adapters = lmi_adapters(parsed.adapters, len(parsed.inputs), ctx.settings.model_name,
+                            engine.adapters, DynamicError)
+    gens = to_generation_requests(parsed, adapters)
     log.info("dynamic-batch request with %d inputs", len(gens))
     generation = await ctx.generation(engine, gens, dynamic_checks(parsed))
     watch = disconnect_watch(request)

@@ -48,8 +48,8 @@ class _Schemas:
 
 def _operation(operation: dict[str, Any], doc: Doc, schemas: _Schemas) -> None:
     operation["summary"] = doc.summary
-    if doc.headers:
-        operation.setdefault("parameters", []).extend(doc.headers)
+    if doc.parameters:
+        operation.setdefault("parameters", []).extend(doc.parameters)
     if doc.request is not None:
         schema = schemas.of(doc.request)
         content = {media: {"schema": schema if media == JSON else {"type": "string",

@@ -27,12 +27,11 @@ from handlers.server.http.answers import (
     json_response,
     to_response,
 )
-from handlers.server.http.descriptor import STRING, Doc, Protocol
+from handlers.server.http.descriptor import CUSTOM_ATTRIBUTES, STRING, Doc, Protocol
 from handlers.server.http.invocations import Invocations
 
 log = logging.getLogger(__name__)
 
-CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 STREAM_CONTENT_TYPE = "X-Amzn-SageMaker-Content-Type"
 ERROR_TYPE = "x-amzn-errortype"  # botocore's rest-json error code
 
