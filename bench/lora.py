@@ -9,7 +9,9 @@ q/k/v/o_proj: the common attention adapter) into a model directory's `adapters/`
 sending `--turns` streaming LMI requests of `--tokens` tokens (EOS ignored): all of them with
 the base model, all with adapter a1, or client i with adapter a(i mod 4 + 1). Throughput is the
 tokens generated over the level's wall time; the ratio is against the base model at the same
-streams. Prints a table; writes `<out>/lora-<time>.json` and `.png`.
+streams. Levels start once the compiled decode step is in use (the base model's: batches with
+adapter rows run eagerly); `option.enforce_eager=true` compares one forward path throughout.
+Prints a table; writes `<out>/lora-<time>.json` and `.png`.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
                            args.out / f"lora-{stamp}.log") as server, \
                 progress(total, "LoRA levels") as bar:
             server.wait_ready(600)
+            server.wait_decode_graphs(1800)  # the base model's compiled step, where it compiles
             asyncio.run(warm_up(server.url, LMI))
             rows = measure(server.url, args, bar)
     print(format_table(("streams", "scenario", "tok/s", "vs base", "TPOT p50 ms", "errors"),

@@ -18,6 +18,7 @@ from typing import Any
 
 from handlers.config import values
 from handlers.config.keys import ConfigError
+from handlers.model_source import ModelSourceError, fetch, is_remote
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,17 @@ def lora_limits(settings: Mapping[str, Any], sources: Mapping[str, str],
 
 def find_adapters(model_dir: Path, lora_modules: str | None, modules_source: str,
                   model_name: str) -> tuple[Adapter, ...]:
-    """The model directory's adapters, then option.lora_modules'; ConfigError naming the one
-    that is missing, unreadable, or named twice (or as the base model)."""
+    """The model directory's adapters, then option.lora_modules' (an s3:// URI or a Hub id is
+    fetched into the model cache now, as a model is); ConfigError naming the one that is
+    missing, unreadable, cannot be fetched, or is named twice (or as the base model)."""
     found = [*_in_model_dir(model_dir)]
     for name, path in module_pairs(lora_modules, modules_source):
-        folder = Path(path).expanduser()
         source = f"option.lora_modules ({modules_source})"
+        if is_remote(path, model_dir):
+            found.append(read_adapter(name, _fetched(name, path, source),
+                                      f"{source}, fetched from {path}"))
+            continue
+        folder = Path(path).expanduser()
         found.append(read_adapter(name, folder if folder.is_absolute() else model_dir / folder,
                                   source))
     _check_names(found, model_name)
@@ -95,6 +101,13 @@ def with_model_adapters(config_adapters: tuple[Adapter, ...], model_dir: Path,
     found = [*config_adapters, *_in_model_dir(source)]
     _check_names(found, model_name)
     return tuple(found)
+
+
+def _fetched(name: str, uri: str, source: str) -> Path:
+    try:
+        return fetch(uri)
+    except ModelSourceError as exc:
+        raise ConfigError(f"LoRA adapter {name!r} ({uri}, {source}): {exc}") from None
 
 
 def module_pairs(text: str | None, source: str) -> list[tuple[str, str]]:

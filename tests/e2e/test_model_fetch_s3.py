@@ -140,3 +140,25 @@ def test_a_missing_bucket_stops_startup_naming_it(s3_env, tmp_path):
                           timeout=120)
     assert done.returncode == 1
     assert "option.model_id s3://no-such-bucket/model: cannot list it" in done.stderr
+
+
+def test_an_adapter_named_by_an_s3_uri_is_fetched_into_the_cache(aws, s3_env, tmp_path):
+    """option.lora_modules=name=s3://…: the adapter is fetched as a model is, then read from
+    the cache like a local one; one that cannot be fetched stops startup naming it."""
+    from handlers.config import ConfigError, load_config, parse_args
+
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="x", aws_secret_access_key="x")
+    client.put_object(Bucket="models", Key="adapters/poem/adapter_config.json",
+                      Body=b'{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]}')
+    client.put_object(Bucket="models", Key="adapters/poem/adapter_model.safetensors", Body=b"")
+
+    def configured(uri: str):
+        argv = ["--model-dir", str(tmp_path), "--option", f"option.lora_modules=poem={uri}"]
+        return load_config(parse_args(argv), env={})
+
+    [adapter] = configured("s3://models/adapters/poem").adapters
+    assert adapter.path == aws / "s3" / "models" / "adapters" / "poem" and adapter.rank == 8
+    assert adapter.source.endswith("fetched from s3://models/adapters/poem")
+    with pytest.raises(ConfigError, match=r"LoRA adapter 'poem' \(s3://nowhere/x, "):
+        configured("s3://nowhere/x")
