@@ -18,6 +18,7 @@ import pytest
 import torch
 from botocore.config import Config
 from huggingface_hub import InferenceClient
+from peft_adapters import ATTENTION, EVERY_PROJECTION, make_adapter
 from server_process import running_server
 
 from handlers.engine.gguf.cache import cached_gguf_dir
@@ -25,27 +26,11 @@ from handlers.model_source import default_model_path
 
 PROMPT = "The best thing about the ocean is"
 TOKENS = 12
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-ADAPTERS = {"a1": (["q_proj", "v_proj"], 1), "a2": (ALL, 2)}  # name: (targets, seed)
+ADAPTERS = {"a1": (ATTENTION, 1), "a2": (EVERY_PROJECTION, 2)}  # name: (targets, seed)
 
 
 def base_dir() -> Path:
     return cached_gguf_dir(default_model_path())
-
-
-def make_adapter(folder: Path, targets: list[str], seed: int):
-    """An adapter saved as PEFT saves it; returns the PEFT-merged model it makes."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir(), dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))
-    for name, parameter in peft.named_parameters():
-        if "lora_B" in name:  # PEFT starts B at zero: the adapter would change nothing
-            torch.nn.init.normal_(parameter, std=0.1)
-    peft.save_pretrained(folder)
-    return peft.merge_and_unload().eval()
 
 
 def greedy(model, tokenizer) -> str:
@@ -67,7 +52,8 @@ def lora_model(tmp_path_factory) -> tuple[Path, dict[str | None, str]]:
     texts: dict[str | None, str] = {None: greedy(
         AutoModelForCausalLM.from_pretrained(base_dir(), dtype=torch.float32).eval(), tokenizer)}
     for name, (targets, seed) in ADAPTERS.items():
-        texts[name] = greedy(make_adapter(folder / "adapters" / name, targets, seed), tokenizer)
+        merged = make_adapter(base_dir(), folder / "adapters" / name, targets, seed)
+        texts[name] = greedy(merged, tokenizer)
     assert len(set(texts.values())) == 3, texts  # each adapter changes the text
     return folder, texts
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_requests import run
-from peft import LoraConfig, get_peft_model
+from peft_adapters import ATTENTION, EVERY_PROJECTION, make_adapter
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -24,20 +24,6 @@ from handlers.engine.types import AdapterError, GenerationRequest, SamplingParam
 
 PROMPT = "The weather today is"
 TOKENS = 10
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def make_adapter(tiny_dir: Path, folder: Path, targets: list[str], seed: int, **config):
-    """A PEFT adapter of the tiny model in `folder`; the merged model it makes."""
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets,
-                                            **config))
-    for name, parameter in peft.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(parameter, std=0.5)
-    peft.save_pretrained(folder)
-    return peft.merge_and_unload().eval()
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +33,9 @@ def adapters(tiny_dir, loaded, tmp_path_factory):
     root = tmp_path_factory.mktemp("adapters")
     ids = loaded.tokenizer.encode(PROMPT, add_special_tokens=False)
     models = {None: AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()}
-    for name, targets, seed in (("a1", ["q_proj", "v_proj"], 1), ("a2", ALL, 2),
-                                ("a3", ["q_proj", "v_proj"], 3)):
-        models[name] = make_adapter(tiny_dir, root / name, targets, seed)
+    for name, targets, seed in (("a1", ATTENTION, 1), ("a2", EVERY_PROJECTION, 2),
+                                ("a3", ATTENTION, 3)):
+        models[name] = make_adapter(tiny_dir, root / name, targets, seed, rank=4, std=0.5)
     expected = {}
     for name, model in models.items():
         with torch.inference_mode():

@@ -25,6 +25,7 @@ from djl_python.inputs import Input  # noqa: E402
 from djl_python.test_model import TestHandler as DjlTestHandler  # noqa: E402
 from djl_python.test_model import decode_encoded_output_binary  # noqa: E402
 from djl_reference import ReferenceHandler  # noqa: E402
+from peft_adapters import ATTENTION, make_adapter  # noqa: E402
 
 import handlers.djl as entry  # noqa: E402
 from handlers.config import ConfigError  # noqa: E402
@@ -128,6 +129,26 @@ def test_test_handler_rolling_batch_matches_djl(tiny_dir, tmp_path, reference_en
     assert ours == djl
     assert json.loads(ours[1])["details"]["generated_tokens"] == 9
     assert [json.loads(line) for line in ours[2].splitlines()][-1]["generated_text"]
+
+
+def test_the_entry_reads_the_adapter_where_djl_puts_it(tiny_dir, tmp_path):
+    """DJL hands the entry an adapter named outside the body as the item's properties
+    (SageMaker's header; `adapter=` of the custom attributes): each reaches the adapter, as the
+    body's `adapters` does; an unknown one fails its request alone, naming it."""
+    root = tmp_path / "model"
+    make_adapter(tiny_dir, root / "adapters" / "a1", ATTENTION, seed=1, rank=4, std=0.5)
+    front = RollingBatchFrontEnd(rolling(tiny_dir, root).inference)
+    base = front.submit(lmi(PROMPTS[0], 6), "base")
+    body = front.submit({**lmi(PROMPTS[0], 6), "adapters": "a1"}, "body")
+    header = front.submit(lmi(PROMPTS[0], 6), "header",
+                          **{"X-Amzn-SageMaker-Adapter-Identifier": "a1"})
+    attribute = front.submit(lmi(PROMPTS[0], 6), "attribute", adapter="a1")
+    unknown = front.submit(lmi(PROMPTS[0], 6), "unknown", adapter="nope")
+    front.run()
+
+    texts = [json.loads(r.body)["generated_text"] for r in (base, body, header, attribute)]
+    assert texts[1] == texts[2] == texts[3] != texts[0]
+    assert unknown.status != 200 and "'nope'" in unknown.body.decode()
 
 
 def run_both(tiny_dir: Path, root: Path, engine: DirectStepper, script, **options: str
