@@ -75,6 +75,7 @@ def server_settings(config: Config) -> ServerSettings:
         tgi_compat=config.tgi_compat,
         max_request_size=config.max_request_size,
         full_text_enabled=config.full_text_enabled,
+        reasoning_parser=config.reasoning_parser,
         dynamic_batching=config.dynamic_batching,
         dynamic_streaming=config.enable_streaming,
         predict_timeout=config.predict_timeout,

@@ -52,8 +52,11 @@ HANG_GUARD_S = 60.0  # how long a test waits on an event before failing, against
 T = TypeVar("T")
 
 
+# Thinking switched off (enable_thinking false) closes an empty thinking block, as Qwen3's does.
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+                 "{% if add_generation_prompt %}<|assistant|>"
+                 "{% if enable_thinking is defined and not enable_thinking %} <think></think>"
+                 "{% endif %}{% endif %}")
 
 
 class FakeTokenizer:
@@ -82,9 +85,11 @@ class FakeTokenizer:
 
     def render_chat(self, template: str, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
-                    continue_final_message: bool) -> str:
+                    continue_final_message: bool,
+                    variables: dict[str, Any] | None = None) -> str:
         return jinja2.Template(template).render(messages=messages, tools=tools,
-                                                add_generation_prompt=add_generation_prompt)
+                                                add_generation_prompt=add_generation_prompt,
+                                                **(variables or {}))
 
     def _id(self, word: str) -> int:
         if word not in self._ids:
@@ -254,6 +259,28 @@ class _Sequence:
         self.cumulative += logprob * len(tokens)
         self.done = reason is not None
         return SequenceOutput(self.index, tokens, reason, error, self.cumulative, self.count)
+
+
+@dataclass
+class ScriptedEngine(FakeEngine):
+    """Answers every request with `script`, one token per piece, whatever the prompt (a
+    reasoning model's thinking, a family's tool-call format), then EOS; `max_new_tokens` cuts
+    it as it cuts any output."""
+
+    script: tuple[str, ...] = ()
+
+    async def _run(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        metrics = RequestMetrics(request.arrival_time, first_scheduled_time=time.monotonic())
+        limit = request.params.max_new_tokens
+        for count, piece in enumerate(self.script[:limit], start=1):
+            await asyncio.sleep(self.token_delay)
+            last = count == min(limit, len(self.script))
+            reason = None if not last else (FinishReason.LENGTH if count == limit
+                                            and limit < len(self.script) else FinishReason.EOS)
+            token = Token(self.tokenizer.encode(piece.strip() or "x")[0], piece, -1.0)
+            yield RequestOutput(request.request_id, [SequenceOutput(0, [token], reason, None,
+                                                                    -float(count), count)],
+                                len(request.prompt_token_ids or []), metrics, finished=last)
 
 
 def _rotate(words: list[str], by: int) -> list[str]:

@@ -45,6 +45,8 @@ _DTYPE = values.choice(
     aliases={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"},
 )
 _FORMATTER = values.choice("json", "jsonlines", "sse")
+# vLLM's names of the reasoning parsers the chat protocols apply (protocols/chat/reasoning.py).
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 _ENGINE = values.choice("Python", "MPI")
 
 SETTINGS: tuple[Setting, ...] = (
@@ -63,6 +65,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.tgi_compat", "tgi_compat", values.boolean, False),
     Setting("option.enable_streaming", "enable_streaming", values.streaming, False),
     Setting("option.full_text_enabled", "full_text_enabled", values.boolean, False),
+    # How a reasoning model's thinking is told from its answer in chat-shaped answers (OpenAI,
+    # Anthropic, Responses); LMI, TGI and generate keep the raw text.
+    Setting("option.reasoning_parser", "reasoning_parser", values.choice(*REASONING_PARSERS),
+            None),
     Setting("option.chat_template", "chat_template", values.text, None),
     Setting("batch_size", "batch_size", values.integer(1), 1),
     Setting("max_batch_delay", "max_batch_delay", values.integer(0), 100),

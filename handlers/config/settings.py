@@ -76,6 +76,7 @@ class Config:
     tgi_compat: bool
     enable_streaming: bool
     full_text_enabled: bool
+    reasoning_parser: str | None  # vLLM's parser name; None: no thinking is split off
     chat_template: str | None  # a file, or the Jinja template itself
     batch_size: int
     max_batch_delay: int  # milliseconds

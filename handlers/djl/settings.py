@@ -19,7 +19,8 @@ from handlers.engine import registry
 _DJL_OWN = {"option.entryPoint", "option.model_loading_timeout", "option.predict_timeout"}
 _OPTIONS = {s.key for s in SETTINGS if s.key.startswith("option.")} - _DJL_OWN
 # What only lmi-serve's own routes read: the DJL entry answers LMI's schema alone.
-_SERVER_ONLY = ("full_text_enabled", "chat_template", "embedding_model_id", "api_key")
+_SERVER_ONLY = ("full_text_enabled", "chat_template", "embedding_model_id", "api_key",
+                "reasoning_parser")
 
 
 def is_rolling(properties: Mapping[str, Any]) -> bool:

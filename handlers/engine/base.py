@@ -41,8 +41,10 @@ class Tokenizer(Protocol):
 
     def render_chat(self, template: str, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
-                    continue_final_message: bool) -> str:
-        """The prompt text of a conversation, rendered by `template` (a `chat_template()`)."""
+                    continue_final_message: bool,
+                    variables: dict[str, Any] | None = None) -> str:
+        """The prompt text of a conversation, rendered by `template` (a `chat_template()`), with
+        more `variables` for it (vLLM's chat_template_kwargs)."""
 
 
 class Engine(Protocol):

@@ -31,8 +31,9 @@ class HFTokenizer:
 
     def render_chat(self, template: str, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
-                    continue_final_message: bool) -> str:
+                    continue_final_message: bool,
+                    variables: dict[str, Any] | None = None) -> str:
         return self.hf.apply_chat_template(
             messages, tools=tools, chat_template=template, tokenize=False,
             add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message)
+            continue_final_message=continue_final_message, **(variables or {}))

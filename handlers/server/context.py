@@ -43,6 +43,7 @@ class ServerSettings:
     tgi_compat: bool = False
     max_request_size: int = 6 * 1024 * 1024  # bytes; SageMaker's real-time payload limit
     full_text_enabled: bool = False  # MindIE's streamed chat with the whole text in each chunk
+    reasoning_parser: str | None = None  # how chat answers split thinking from the answer
     dynamic_batching: bool = False  # option.rolling_batch=disable: LMI's dynamic-batch schema
     dynamic_streaming: bool = False  # option.enable_streaming: dynamic batches answer streams
     predict_timeout: float | None = None  # seconds a request may take; None: no deadline

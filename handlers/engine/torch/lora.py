@@ -39,7 +39,8 @@ class RowAdapters:
         self._masks: dict[int, torch.Tensor] = {}
 
     def use(self, slots: torch.Tensor | None) -> None:
-        self.slots = slots if slots is not None and bool(slots.any()) else None
+        """The next pass's rows' slots (None: no row has an adapter)."""
+        self.slots = slots
         self._masks = {}
 
     def mask(self, columns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -28,6 +28,9 @@ from handlers.protocols.anthropic.requests import (
     MessageParam,
     MessagesRequest,
     TextBlockParam,
+    ThinkingBlockParam,
+    ThinkingDisabled,
+    ThinkingEnabled,
     ToolChoice,
     ToolChoiceAny,
     ToolChoiceTool,
@@ -53,8 +56,10 @@ class MessagesJob:
 
 
 def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
-                     adapters: Sequence[str] = ()) -> MessagesJob:
-    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model."""
+                     adapters: Sequence[str] = (), reasoning_parser: str | None = None
+                     ) -> MessagesJob:
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model;
+    `reasoning_parser`: option.reasoning_parser (the thinking becomes `thinking` blocks)."""
     request, adapter = _parse(MessagesRequest, body, model, adapters)
     chat = chat_request(request)
     with in_anthropic_terms():
@@ -64,7 +69,8 @@ def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
     # the rendering cuts it off, as Anthropic never returns it.
     params.include_stop_str_in_output = True
     gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
-    options = ChatOptions.for_request(chat, full_text_enabled=False)
+    options = ChatOptions.for_request(chat, full_text_enabled=False,
+                                      reasoning_parser=reasoning_parser)
     context = MessageContext(f"msg_{gen.request_id}", adapter or model, options,
                              tuple(request.stop_sequences or ()))
     return MessagesJob(request, gen, chat, context)
@@ -96,6 +102,10 @@ def _parse(kind: type[R], body: Any, model: str, adapters: Sequence[str]
     if isinstance(request, MessagesRequest) and \
             sum(map(len, request.stop_sequences or [])) > MAX_STOP_CHARS:
         raise AnthropicError(f"stop_sequences: more than {MAX_STOP_CHARS} characters in all")
+    if isinstance(request, MessagesRequest) and isinstance(request.thinking, ThinkingEnabled) \
+            and request.thinking.budget_tokens >= request.max_tokens:
+        raise AnthropicError("thinking.budget_tokens: must be less than max_tokens "
+                             f"({request.thinking.budget_tokens} >= {request.max_tokens})")
     return request, adapter
 
 
@@ -119,6 +129,8 @@ def chat_request(request: CountTokensRequest) -> ChatCompletionRequest:
         "continue_final_message": request.messages[-1].role == "assistant",
         **_tool_fields(request),
     }
+    if isinstance(request.thinking, ThinkingDisabled):
+        fields["chat_template_kwargs"] = {"enable_thinking": False}
     if isinstance(request, MessagesRequest):
         fields |= {"max_tokens": request.max_tokens, "stop": request.stop_sequences,
                    "temperature": request.temperature, "top_p": request.top_p,
@@ -166,6 +178,8 @@ def _converted(message: MessageParam, where: str) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(message.content):
         _check_block(block, message.role, f"{where}.content.{j}")
+        if isinstance(block, ThinkingBlockParam):
+            continue  # earlier thinking: not part of a later turn's prompt
         if isinstance(block, TextBlockParam):
             texts.append(block.model_dump())
         elif isinstance(block, ToolUseBlockParam):

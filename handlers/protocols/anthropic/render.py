@@ -1,11 +1,14 @@
 """Anthropic `message` objects and stream events, from the engine's outputs (pure).
 
 Text is one `text` block; tool calls (read from the output as chat completions read them) are
-`tool_use` blocks with `id`, `name` and `input`. `stop_reason`: `max_tokens` when the cap cut the
-output, else `tool_use` when a call was made, `stop_sequence` (with `stop_sequence` set) when one
-matched, else `end_turn`. The engine is asked to keep a matched stop sequence at the text's end,
-to tell which one matched; it is cut off here. A stream holds back a tail of text that may begin
-a stop sequence, as an engine may stream its first characters before it knows it matched.
+`tool_use` blocks with `id`, `name` and `input`. With a reasoning parser
+(option.reasoning_parser) the model's thinking comes first as a `thinking` block (streamed as
+`thinking_delta`s, closed by a `signature_delta`: the signature is empty, as this server signs
+nothing). `stop_reason`: `max_tokens` when the cap cut the output, else `tool_use` when a call
+was made, `stop_sequence` (with `stop_sequence` set) when one matched, else `end_turn`. The
+engine is asked to keep a matched stop sequence at the text's end, to tell which one matched; it
+is cut off here. A stream holds back a tail of text that may begin a stop sequence, as an engine
+may stream its first characters before it knows it matched.
 
 A stream is Anthropic's: `message_start`, then per block `content_block_start`,
 `content_block_delta` (`text_delta`, or one `input_json_delta` with a call's whole input: calls
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.engine.types import FinishReason, RequestOutput, SequenceOutput
-from handlers.protocols.chat.answer import ChatOptions, ToolExtractor
+from handlers.protocols.chat.answer import AnswerParts, ChatOptions
 from handlers.protocols.chat.tool_calls import ParsedCall
 from handlers.protocols.outputs import Folded
 
@@ -56,6 +59,10 @@ def tool_use_block(call: ParsedCall, whole: bool) -> dict[str, Any]:
             "input": json.loads(call.arguments) if whole else {}}
 
 
+def thinking_block(thinking: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": thinking, "signature": ""}
+
+
 def message(ctx: MessageContext, content: list[dict[str, Any]], reason: str | None,
             stop: str | None, input_tokens: int, output_tokens: int) -> dict[str, Any]:
     return {"id": ctx.id, "type": "message", "role": "assistant", "model": ctx.model,
@@ -67,12 +74,10 @@ def render_message(ctx: MessageContext, col: Folded) -> dict[str, Any]:
     seq = col.sequences[0]
     text = seq.text
     stop = matched_stop(text, seq.finish_reason, ctx.stop_sequences)
-    extractor = ToolExtractor(ctx.options)
-    content, calls = extractor.feed(text.removesuffix(stop or ""))
-    tail, more = extractor.finish()
-    content, calls = content + tail, calls + more
+    reasoning, content, calls = AnswerParts(ctx.options).whole(text.removesuffix(stop or ""))
     shown = bool(content.strip() if calls else content)  # no blank text beside a tool call
-    blocks = [{"type": "text", "text": content}] if shown else []
+    blocks = [thinking_block(reasoning)] if reasoning else []
+    blocks += [{"type": "text", "text": content}] if shown else []
     blocks += [tool_use_block(call, whole=True) for call in calls]
     return message(ctx, blocks, stop_reason(seq.finish_reason, stop, bool(calls)), stop,
                    col.prompt_token_count, seq.generated_tokens)
@@ -83,16 +88,16 @@ class MessageStream:
     """Turns each RequestOutput into the stream events to send."""
 
     ctx: MessageContext
-    extractor: ToolExtractor = field(init=False)
+    parts: AnswerParts = field(init=False)
     started: bool = False  # message_start sent
     text: str = ""  # all text so far, to find the stop sequence at the end
     held: str = ""  # a tail that may begin a stop sequence
     blocks: int = 0  # content blocks started
-    text_open: bool = False  # whether the last block started is text still open
+    open_block: str | None = None  # the last block started while open: "thinking" or "text"
     calls: int = 0
 
     def __post_init__(self) -> None:
-        self.extractor = ToolExtractor(self.ctx.options)
+        self.parts = AnswerParts(self.ctx.options)
 
     def feed(self, output: RequestOutput) -> list[dict[str, Any]]:
         events = []
@@ -105,19 +110,19 @@ class MessageStream:
     def _sequence(self, seq: SequenceOutput) -> list[dict[str, Any]]:
         self.text += seq.text
         stop = matched_stop(self.text, seq.finish_reason, self.ctx.stop_sequences)
-        content, calls = self.extractor.feed(self._release(seq.text, seq.finished, stop))
+        reasoning, content, calls = self.parts.feed(self._release(seq.text, seq.finished, stop))
         if seq.finished:
-            tail, more = self.extractor.finish()
-            content, calls = content + tail, calls + more
-        events = self._text(content)
+            more_reasoning, tail, more = self.parts.finish()
+            reasoning, content, calls = reasoning + more_reasoning, content + tail, calls + more
+        events = self._delta("thinking", reasoning) + self._delta("text", content)
         for call in calls:
-            events += self._close_text() + self._tool_use(call)
+            events += self._close() + self._tool_use(call)
         self.calls += len(calls)
         if not seq.finished:
             return events
         delta = {"stop_reason": stop_reason(seq.finish_reason, stop, self.calls > 0),
                  "stop_sequence": stop}
-        return events + self._close_text() + [
+        return events + self._close() + [
             {"type": "message_delta", "delta": delta,
              "usage": {"output_tokens": seq.generated_tokens}},
             {"type": "message_stop"}]
@@ -130,22 +135,29 @@ class MessageStream:
         self.held = pending[cut:]
         return pending[:cut].removesuffix(stop or "")
 
-    def _text(self, text: str) -> list[dict[str, Any]]:
+    def _delta(self, kind: str, text: str) -> list[dict[str, Any]]:
+        """`text` into the open block of `kind` ("thinking" or "text"), opening it first."""
         if not text:
             return []
         events = []
-        if not self.text_open:
-            events.append(self._block_start({"type": "text", "text": ""}))
-            self.text_open = True
-        delta = {"type": "text_delta", "text": text}
+        if self.open_block != kind:
+            events += self._close()
+            empty = thinking_block("") if kind == "thinking" else {"type": "text", "text": ""}
+            events.append(self._block_start(empty))
+            self.open_block = kind
+        delta = {"type": f"{kind}_delta", kind: text}
         return events + [{"type": "content_block_delta", "index": self.blocks - 1,
                           "delta": delta}]
 
-    def _close_text(self) -> list[dict[str, Any]]:
-        if not self.text_open:
+    def _close(self) -> list[dict[str, Any]]:
+        if self.open_block is None:
             return []
-        self.text_open = False
-        return [{"type": "content_block_stop", "index": self.blocks - 1}]
+        events = []
+        if self.open_block == "thinking":  # Anthropic closes a thinking block with its signature
+            events.append({"type": "content_block_delta", "index": self.blocks - 1,
+                           "delta": {"type": "signature_delta", "signature": ""}})
+        self.open_block = None
+        return [*events, {"type": "content_block_stop", "index": self.blocks - 1}]
 
     def _tool_use(self, call: ParsedCall) -> list[dict[str, Any]]:
         start = self._block_start(tool_use_block(call, whole=False))

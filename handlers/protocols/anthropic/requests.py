@@ -45,9 +45,16 @@ class MediaBlockParam(_Lenient):
     type: Literal["image", "document"]
 
 
+class ThinkingBlockParam(_Lenient):
+    """A past answer's thinking, as the SDKs send it back (dropped: the prompt of a later turn
+    holds no earlier thinking, as reasoning models' chat templates render it)."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
 ContentBlockParam = Annotated[
-    TextBlockParam | ToolUseBlockParam | ToolResultBlockParam | MediaBlockParam,
-    Field(discriminator="type")]
+    TextBlockParam | ToolUseBlockParam | ToolResultBlockParam | MediaBlockParam
+    | ThinkingBlockParam, Field(discriminator="type")]
 
 
 class MessageParam(_Lenient):
@@ -86,6 +93,18 @@ ToolChoice = Annotated[ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolCho
                        Field(discriminator="type")]
 
 
+class ThinkingEnabled(_Lenient):
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1024, lt=2**31)
+
+
+class ThinkingDisabled(_Lenient):
+    type: Literal["disabled"]
+
+
+Thinking = Annotated[ThinkingEnabled | ThinkingDisabled, Field(discriminator="type")]
+
+
 class AnthropicMetadata(_Lenient):
     user_id: str | None = None
 
@@ -98,6 +117,8 @@ class CountTokensRequest(_Lenient):
     system: str | list[TextBlockParam] | None = None
     tools: list[AnthropicTool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
+    # Extended thinking: `disabled` switches a reasoning model's thinking off in its template.
+    thinking: Thinking | None = None
 
 
 class MessagesRequest(CountTokensRequest):

@@ -1,6 +1,7 @@
 """What a chat-shaped answer is rendered from, whatever its protocol: the answer's context,
-the request's options (how many choices, log-probabilities, which tools and how a call is made),
-and the split of an output's text into content and tool calls."""
+the request's options (how many choices, log-probabilities, which tools and how a call is made,
+how the model's thinking is told from its answer), and the split of an output's text into
+thinking, content and tool calls."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 from handlers.protocols.chat.logprobs import TokenText
 from handlers.protocols.chat.prompt import echoed_text
+from handlers.protocols.chat.reasoning import Split, splitter
 from handlers.protocols.chat.requests import ChatCompletionRequest, NamedToolChoice
 from handlers.protocols.chat.tool_calls import (
     ParsedCall,
@@ -37,9 +39,11 @@ class ChatOptions:
     include_usage: bool = False
     full_text: bool = False
     echo_text: str = ""  # `echo`: the assistant message the answer continues
+    reasoning_parser: str | None = None  # option.reasoning_parser: thinking split off
 
     @classmethod
-    def for_request(cls, request: ChatCompletionRequest, full_text_enabled: bool) -> ChatOptions:
+    def for_request(cls, request: ChatCompletionRequest, full_text_enabled: bool,
+                    reasoning_parser: str | None = None) -> ChatOptions:
         choice = request.tool_choice
         names = frozenset(t.function.name for t in request.tools or [])
         if isinstance(choice, NamedToolChoice):
@@ -57,6 +61,8 @@ class ChatOptions:
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
             full_text=full_text_enabled,
             echo_text=echoed_text(request),
+            # Thinking switched off (chat_template_kwargs): what the model says is all answer.
+            reasoning_parser=reasoning_parser if request.thinking else None,
         )
 
 
@@ -89,3 +95,30 @@ class ToolExtractor:
             calls = parse_calls_json(self.held, self.names)
             return ("", calls) if calls else (self.held, [])
         return "", []
+
+
+class AnswerParts:
+    """One choice's streamed text into thinking, content and tool calls: the reasoning parser
+    first, so calls are parsed from the answer only (never from the thinking), then the tool
+    extractor over the answer."""
+
+    def __init__(self, opts: ChatOptions) -> None:
+        self.reasoning = splitter(opts.reasoning_parser)
+        self.tools = ToolExtractor(opts)
+
+    def feed(self, text: str) -> tuple[str, str, list[ParsedCall]]:
+        split = self.reasoning.feed(text) if self.reasoning else Split(content=text)
+        content, calls = self.tools.feed(split.content)
+        return split.reasoning, content, calls
+
+    def finish(self) -> tuple[str, str, list[ParsedCall]]:
+        split = self.reasoning.finish() if self.reasoning else Split()
+        content, calls = self.tools.feed(split.content)
+        tail, more = self.tools.finish()
+        return split.reasoning, content + tail, calls + more
+
+    def whole(self, text: str) -> tuple[str, str, list[ParsedCall]]:
+        """A whole output's parts."""
+        reasoning, content, calls = self.feed(text)
+        more_reasoning, tail, more = self.finish()
+        return reasoning + more_reasoning, content + tail, calls + more

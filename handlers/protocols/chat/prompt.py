@@ -36,10 +36,24 @@ def render_chat_prompt(tokenizer: Tokenizer, request: ChatCompletionRequest) -> 
         messages = tool_calls.with_tool_prompt(messages, tools)
     try:
         return tokenizer.render_chat(template, messages, tools=tools if "tools" in uses else None,
-                                     **_prompt_end(request))
+                                     variables=_variables(request), **_prompt_end(request))
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise OpenAIError(f"messages: the model's chat template cannot render them: {exc}",
                           "messages") from None
+
+
+# What the rendering itself passes: chat_template_kwargs cannot set them.
+_RESERVED = frozenset({"messages", "tools", "chat_template", "tokenize", "add_generation_prompt",
+                       "continue_final_message", "documents", "return_dict"})
+
+
+def _variables(request: ChatCompletionRequest) -> dict[str, Any]:
+    variables = request.chat_template_kwargs or {}
+    for name in variables:
+        if name in _RESERVED:
+            raise OpenAIError(f"chat_template_kwargs.{name}: set by the request's own fields, "
+                              "not here", f"chat_template_kwargs.{name}", code="invalid_value")
+    return variables
 
 
 def _prompt_end(request: ChatCompletionRequest) -> dict[str, bool]:

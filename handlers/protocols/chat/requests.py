@@ -152,6 +152,14 @@ class ChatCompletionRequest(GenerationFields):
     echo: bool | None = False
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = False
+    # vLLM's: more variables for the chat template (`enable_thinking: false` switches a
+    # reasoning model's thinking off where its template reads it).
+    chat_template_kwargs: dict[str, Any] | None = Field(None, max_length=64)
+
+    @property
+    def thinking(self) -> bool:
+        """Whether the model may think: not where `enable_thinking` is false."""
+        return (self.chat_template_kwargs or {}).get("enable_thinking") is not False
 
     @property
     def max_output_tokens(self) -> tuple[str, int | None]:

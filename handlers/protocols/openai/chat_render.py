@@ -2,9 +2,11 @@
 
 Streaming follows OpenAI: each choice opens with a `{"role": "assistant", "content": ""}` delta
 (its content is the echoed message with vLLM's `echo`),
-then content and tool-call deltas, the last carrying `finish_reason`. A tool call parsed from
-the text (tool_choice auto or required) arrives whole in one delta; a named function's call
-streams its arguments as they are generated. With
+then content and tool-call deltas, the last carrying `finish_reason`. With a reasoning parser
+(option.reasoning_parser) the thinking goes to vLLM's `reasoning_content` and `reasoning`, in the
+message and as deltas of their own; tool calls are parsed from the answer only. A tool call
+parsed from the text (tool_choice auto or required) arrives whole in one delta; a named
+function's call streams its arguments as they are generated. With
 `stream_options.include_usage` every chunk has `"usage": null` and one more chunk with empty
 `choices` carries the usage; without it the usage rides on the final chunk (as MindIE sends it).
 MindIE's `full_text` variant (`option.full_text_enabled`) sends the whole text so far in every
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.engine.types import RequestOutput, SequenceOutput
-from handlers.protocols.chat.answer import ChatOptions, ResponseContext, ToolExtractor
+from handlers.protocols.chat.answer import AnswerParts, ChatOptions, ResponseContext
 from handlers.protocols.chat.logprobs import chat_logprobs
 from handlers.protocols.chat.tool_calls import ParsedCall
 from handlers.protocols.openai.accumulate import (
@@ -54,13 +56,13 @@ def render_chat_completion(ctx: ResponseContext, opts: ChatOptions, col: Folded
 
 def _message_choice(ctx: ResponseContext, opts: ChatOptions, choice: FoldedSequence
                     ) -> dict[str, Any]:
-    extractor = ToolExtractor(opts)
-    content, calls = extractor.feed(choice.text)
-    tail, more = extractor.finish()
-    content, calls = opts.echo_text + content + tail, calls + more
-    message = {"role": "assistant",
-               "content": None if calls and not content.strip() else content,
+    reasoning, content, calls = AnswerParts(opts).whole(choice.text)
+    content = opts.echo_text + content
+    blank = (calls and not content.strip()) or (reasoning and not content)
+    message = {"role": "assistant", "content": None if blank else content,
                "tool_calls": [tool_call(c) for c in calls] or None}
+    if opts.reasoning_parser is not None:  # vLLM's field, under its old name and its new one
+        message["reasoning_content"] = message["reasoning"] = reasoning or None
     logprobs = (chat_logprobs(choice.tokens, ctx.token_text, opts.top_logprobs)
                 if opts.logprobs else None)
     return {"index": choice.index, "message": message, "logprobs": logprobs,
@@ -69,7 +71,7 @@ def _message_choice(ctx: ResponseContext, opts: ChatOptions, choice: FoldedSeque
 
 @dataclass
 class _ChoiceStream:
-    extractor: ToolExtractor
+    parts: AnswerParts
     text: str = ""  # content sent so far (full_text mode)
     calls: int = 0
     completion_tokens: int = 0
@@ -103,7 +105,7 @@ class ChatStream:
         state = self._choices.get(seq.index)
         chunks = []
         if state is None:
-            state = self._choices[seq.index] = _ChoiceStream(ToolExtractor(self.opts))
+            state = self._choices[seq.index] = _ChoiceStream(AnswerParts(self.opts))
             if self.opts.full_text:
                 state.text = self.opts.echo_text
             else:
@@ -114,12 +116,12 @@ class ChatStream:
             delta = self._arguments_delta(state, seq.text)
             changed = bool(delta)
         else:
-            content, calls = state.extractor.feed(seq.text)
+            reasoning, content, calls = state.parts.feed(seq.text)
             if seq.finished:
-                tail, more = state.extractor.finish()
-                content, calls = content + tail, calls + more
-            changed = bool(content or calls)
-            delta = self._delta(state, content, calls)
+                more_reasoning, tail, more = state.parts.finish()
+                reasoning, content, calls = reasoning + more_reasoning, content + tail, calls + more
+            changed = bool(reasoning or content or calls)
+            delta = self._delta(state, reasoning, content, calls)
         logprobs = (chat_logprobs(seq.tokens, self.ctx.token_text, self.opts.top_logprobs)
                     if self.opts.logprobs else None)
         reason = finish_reason(seq.finish_reason, state.calls > 0)
@@ -128,9 +130,11 @@ class ChatStream:
             chunks.append(self.chunk([_delta(seq.index, delta, logprobs, reason)], **extra))
         return chunks
 
-    def _delta(self, state: _ChoiceStream, content: str, calls: list[ParsedCall]
-               ) -> dict[str, Any]:
+    def _delta(self, state: _ChoiceStream, reasoning: str, content: str,
+               calls: list[ParsedCall]) -> dict[str, Any]:
         delta: dict[str, Any] = {}
+        if reasoning:  # vLLM's delta field, under its old name and its new one
+            delta["reasoning_content"] = delta["reasoning"] = reasoning
         if self.opts.full_text:
             state.text += content
             delta = {"role": "assistant", "content": state.text}

@@ -42,8 +42,9 @@ class CompletionJob:
 
 
 def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, full_text_enabled: bool,
-                 adapters: Sequence[str] = ()) -> ChatJob:
-    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model."""
+                 adapters: Sequence[str] = (), reasoning_parser: str | None = None) -> ChatJob:
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model;
+    `reasoning_parser`: option.reasoning_parser."""
     request = parse_chat_request(body)
     adapter = check_model(request.model, model, adapters)
     prompt = render_chat_prompt(tokenizer, request)
@@ -51,7 +52,8 @@ def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, full_text_enabled:
     gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
     context = ResponseContext(f"chatcmpl-{gen.request_id}", int(time.time()), adapter or model,
                               token_text_of(tokenizer))
-    return ChatJob(request, gen, context, ChatOptions.for_request(request, full_text_enabled))
+    options = ChatOptions.for_request(request, full_text_enabled, reasoning_parser)
+    return ChatJob(request, gen, context, options)
 
 
 def prepare_completion(body: Any, tokenizer: Tokenizer, model: str,

@@ -8,6 +8,9 @@
   reads text only).
 - `function_call` items become the assistant's tool calls (joined onto the assistant message
   they follow), and `function_call_output` items tool messages, each answering an earlier call.
+- `reasoning` items (a reasoning model's earlier thinking, given back or stored) are dropped
+  where the server splits thinking off (a later turn's prompt holds no earlier thinking, as
+  reasoning models' chat templates render it), and refused elsewhere.
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 
 
-def chat_messages(instructions: str | None, items: Sequence[Item], first_new: int
-                  ) -> list[dict[str, Any]]:
+def chat_messages(instructions: str | None, items: Sequence[Item], first_new: int,
+                  reasons: bool = False) -> list[dict[str, Any]]:
     """The chat messages of a conversation: `items[first_new:]` are this request's input
-    (named `input[i]` in errors), those before it the stored history."""
+    (named `input[i]` in errors), those before it the stored history; `reasons`: reasoning
+    items are known (option.reasoning_parser)."""
     system = [instructions] if instructions else []
     messages: list[dict[str, Any]] = []
     calls: set[str] = set()
@@ -49,7 +53,7 @@ def chat_messages(instructions: str | None, items: Sequence[Item], first_new: in
             _add_call(messages, item)
         elif isinstance(item, FunctionCallOutputItem):
             messages.append(_call_output(item, where, calls))
-        else:
+        elif not (reasons and item.type == "reasoning"):
             raise _unsupported_item(item, where)
     if not messages:
         raise OpenAIError("input: needs at least one message besides system and developer "

@@ -18,9 +18,11 @@ from handlers.protocols.openai_responses.requests import (
 UNSUPPORTED = "unsupported_parameter"
 
 
-def parse_request(body: Any) -> ResponsesRequest:
+def parse_request(body: Any, reasons: bool = False) -> ResponsesRequest:
+    """`reasons`: the server splits a reasoning model's thinking off (option.reasoning_parser),
+    so `reasoning.effort` and reasoning input items have a meaning."""
     request = validate_body(ResponsesRequest, body)
-    _check_unsupported(request)
+    _check_unsupported(request, reasons)
     _check_tools(request)
     _check_text_format(request)
     _check_include(request)
@@ -31,14 +33,16 @@ def _unsupported(param: str, what: str) -> OpenAIError:
     return OpenAIError(f"{param}: {what}", param, code=UNSUPPORTED)
 
 
-def _check_unsupported(request: ResponsesRequest) -> None:
+def _check_unsupported(request: ResponsesRequest, reasons: bool) -> None:
     if request.background:
         raise _unsupported("background", "background mode is not supported; send the request "
                                          "without it (stream: true answers as it generates)")
     reasoning = request.reasoning or {}
-    for key in ("effort", "summary", "generate_summary"):
+    for key in ("summary", "generate_summary") if reasons else ("effort", "summary",
+                                                                  "generate_summary"):
         if reasoning.get(key) not in (None, "none"):
-            raise _unsupported(f"reasoning.{key}", "this model does not reason")
+            raise _unsupported(f"reasoning.{key}", "this model does not summarize its "
+                               "reasoning" if reasons else "this model does not reason")
     if request.conversation is not None:
         raise _unsupported("conversation", "the Conversations API is not supported; use "
                                            "previous_response_id")

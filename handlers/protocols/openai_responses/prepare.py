@@ -61,18 +61,23 @@ class ResponsesJob:
 
 
 def prepare_response(body: Any, tokenizer: Tokenizer, model: str, history: History,
-                     adapters: Sequence[str] = ()) -> ResponsesJob:
-    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model."""
-    request = parse_request(body)
+                     adapters: Sequence[str] = (), reasoning_parser: str | None = None
+                     ) -> ResponsesJob:
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model;
+    `reasoning_parser`: option.reasoning_parser (the thinking becomes a `reasoning` item)."""
+    reasons = reasoning_parser is not None
+    request = parse_request(body, reasons)
     adapter = check_model(request.model, model, adapters)
     past = _history(request, history)
     items = past + _input_items(request)
-    chat = _chat_request(request, chat_messages(request.instructions, items, len(past)))
+    chat = _chat_request(request, chat_messages(request.instructions, items, len(past),
+                                                reasons))
     params = chat_sampling_params(chat, _structured(chat))
     gen = GenerationRequest(prompt=_prompt(tokenizer, chat), params=params, adapter=adapter)
     ctx = ResponseContext(f"resp_{gen.request_id}", int(time.time()), adapter or model,
                           token_text_of(tokenizer))
-    options = ResponseOptions(ctx, echo_fields(request), ChatOptions.for_request(chat, False),
+    options = ResponseOptions(ctx, echo_fields(request),
+                              ChatOptions.for_request(chat, False, reasoning_parser),
                               request.logprobs, request.top_logprobs or 0)
     stored = [item.model_dump(by_alias=True, exclude_none=True) for item in items]
     return ResponsesJob(request, chat, gen, options, stored)
@@ -109,6 +114,11 @@ def _chat_request(request: ResponsesRequest, messages: list[dict[str, Any]]) -> 
         choice = request.tool_choice or "auto"
         fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}} \
             if isinstance(choice, FunctionToolChoice) else choice
+    effort = (request.reasoning or {}).get("effort")
+    if effort is not None:  # for templates that read it (vLLM's reasoning_effort); none: off
+        fields["chat_template_kwargs"] = {"reasoning_effort": effort,
+                                          **({"enable_thinking": False} if effort == "none"
+                                             else {})}
     fmt = request.text.format if request.text else None
     if fmt is not None and fmt.type != "text":
         schema = {"name": fmt.name or "response", "schema": fmt.json_schema, "strict": fmt.strict}
@@ -153,7 +163,7 @@ def echo_fields(request: ResponsesRequest) -> dict[str, Any]:
         "metadata": request.metadata or {},
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": request.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": (request.reasoning or {}).get("effort"), "summary": None},
         "store": request.store is not False,
         "temperature": 1.0 if request.temperature is None else request.temperature,
         "text": text,

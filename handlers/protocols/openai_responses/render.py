@@ -6,18 +6,22 @@ output items. The events, as the openai SDK's stream accumulator reads them, eve
 `sequence_number` one above the last:
 
     response.created, response.in_progress
+    per reasoning: output_item.added, content_part.added, reasoning_text.delta...,
+                  reasoning_text.done, content_part.done, output_item.done
     per message:  output_item.added, content_part.added, output_text.delta..., output_text.done,
                   content_part.done, output_item.done
     per call:     output_item.added, function_call_arguments.delta..., .done, output_item.done
     response.completed, or response.incomplete (max_output_tokens cut the output), or
     response.failed (the generation failed after the stream began)
 
-Text and calls come apart as on the chat route (`ToolExtractor`): a named function's arguments
-stream as they are generated; calls parsed from the text (tool_choice auto or required) arrive
-whole. A named call cut off by `max_output_tokens` is an `incomplete` function_call item with
-the partial arguments. Whitespace before a call is held back, so it opens no message of its own.
-Log-probabilities (`include: ["message.output_text.logprobs"]`, `top_logprobs` alternatives) are
-given when no tools are in play, where the text is the whole output and each token is in it.
+With a reasoning parser (option.reasoning_parser) the model's thinking is a `reasoning` item
+(its text a `reasoning_text` part) before the answer's items. Text and calls come apart as on
+the chat route (`AnswerParts`): a named function's arguments stream as they are generated; calls
+parsed from the text (tool_choice auto or required) arrive whole. A named call cut off by
+`max_output_tokens` is an `incomplete` function_call item with the partial arguments. Whitespace
+before a call is held back, so it opens no message of its own. Log-probabilities (`include:
+["message.output_text.logprobs"]`, `top_logprobs` alternatives) are given when no tools are in
+play, where the text is the whole output and each token is in it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.engine.types import FinishReason, Token
-from handlers.protocols.chat.answer import ChatOptions, ResponseContext, ToolExtractor
+from handlers.protocols.chat.answer import AnswerParts, ChatOptions, ResponseContext
 from handlers.protocols.chat.logprobs import chat_logprobs
 from handlers.protocols.chat.tool_calls import ParsedCall, arguments_call
 from handlers.protocols.outputs import FoldedSequence
@@ -81,6 +85,20 @@ class _Message:
 
 
 @dataclass
+class _Reasoning:
+    index: int
+    id: str = field(default_factory=lambda: _item_id("rs"))
+    text: str = ""
+
+    def part(self) -> dict[str, Any]:
+        return {"type": "reasoning_text", "text": self.text}
+
+    def item(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "type": "reasoning", "summary": [], "content": content,
+                "encrypted_content": None, "status": status}
+
+
+@dataclass
 class _Call:
     index: int
     name: str
@@ -100,9 +118,10 @@ class ResponsesStream:
     def __init__(self, opts: ResponseOptions) -> None:
         self.opts = opts
         self.named = opts.tools.tool_mode == "named"
-        self.extractor = ToolExtractor(opts.tools)
+        self.parts = AnswerParts(opts.tools)
         self.items: list[dict[str, Any]] = []  # finished output items
         self.response = response_object(opts, "in_progress", [])
+        self._reasoning: _Reasoning | None = None
         self._message: _Message | None = None
         self._call: _Call | None = None
         self._held = ""  # whitespace with no open message: text may follow, or a call
@@ -138,19 +157,47 @@ class ResponsesStream:
 
     def _text(self, text: str, tokens: list[Token], reason: FinishReason | None
               ) -> list[dict[str, Any]]:
-        content, calls = self.extractor.feed(text)
+        reasoning, content, calls = self.parts.feed(text)
         if reason is not None:
-            tail, more = self.extractor.finish()
-            content, calls = content + tail, calls + more
-        events = self._content(content, self._logprobs(tokens)) if content else []
+            more_reasoning, tail, more = self.parts.finish()
+            reasoning, content, calls = reasoning + more_reasoning, content + tail, calls + more
+        events = self._think(reasoning) if reasoning else []
+        if content or calls:
+            events += self._close_reasoning("completed")
+        events += self._content(content, self._logprobs(tokens)) if content else []
         for call in calls:
             self._held = ""
             events += self._close_message("completed") + self._whole_call(call)
         return events
 
+    def _think(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self._reasoning is None:
+            item = self._reasoning = _Reasoning(len(self.items))
+            where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+            events += [self._event("response.output_item.added", output_index=item.index,
+                                   item=item.item("in_progress", [])),
+                       self._event("response.content_part.added", **where, part=item.part())]
+        item = self._reasoning
+        item.text += text
+        return events + [self._event("response.reasoning_text.delta", item_id=item.id,
+                                     output_index=item.index, content_index=0, delta=text)]
+
+    def _close_reasoning(self, status: str) -> list[dict[str, Any]]:
+        item, self._reasoning = self._reasoning, None
+        if item is None:
+            return []
+        where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        done = item.item(status, [item.part()])
+        self.items.append(done)
+        return [self._event("response.reasoning_text.done", **where, text=item.text),
+                self._event("response.content_part.done", **where, part=item.part()),
+                self._event("response.output_item.done", output_index=item.index, item=done)]
+
     def _logprobs(self, tokens: list[Token]) -> list[dict[str, Any]]:
         """Per token, when asked for and the text is the whole output (no tools in play)."""
-        if not self.opts.logprobs or self.opts.tools.tool_mode != "none":
+        if not self.opts.logprobs or self.opts.tools.tool_mode != "none" \
+                or self.opts.tools.reasoning_parser is not None:
             return []
         return chat_logprobs(tokens, self.opts.ctx.token_text, self.opts.top_logprobs)["content"]
 
@@ -227,8 +274,10 @@ class ResponsesStream:
                 ) -> list[dict[str, Any]]:
         cut = reason is FinishReason.LENGTH
         status = "incomplete" if cut else "completed"
-        events = self._close_call(status) + self._close_message(status)
-        if not self.items:  # nothing was said: one empty message, as OpenAI answers
+        events = self._close_reasoning(status) + self._close_call(status) + \
+            self._close_message(status)
+        if not any(item["type"] != "reasoning" for item in self.items):
+            # nothing was said: one empty message, as OpenAI answers
             events += self._open_message()
             if self._held:
                 held, self._held = self._held, ""
