@@ -76,6 +76,8 @@ def server_settings(config: Config) -> ServerSettings:
         max_request_size=config.max_request_size,
         full_text_enabled=config.full_text_enabled,
         reasoning_parser=config.reasoning_parser,
+        tool_call_parser=config.tool_call_parser,
+        auto_tool_choice=config.enable_auto_tool_choice is not False,
         dynamic_batching=config.dynamic_batching,
         dynamic_streaming=config.enable_streaming,
         predict_timeout=config.predict_timeout,

@@ -47,6 +47,8 @@ _DTYPE = values.choice(
 _FORMATTER = values.choice("json", "jsonlines", "sse")
 # vLLM's names of the reasoning parsers the chat protocols apply (protocols/chat/reasoning.py).
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
+# ... and of the tool-call parsers (protocols/chat/tool_parsers.py).
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 _ENGINE = values.choice("Python", "MPI")
 
 SETTINGS: tuple[Setting, ...] = (
@@ -69,6 +71,12 @@ SETTINGS: tuple[Setting, ...] = (
     # Anthropic, Responses); LMI, TGI and generate keep the raw text.
     Setting("option.reasoning_parser", "reasoning_parser", values.choice(*REASONING_PARSERS),
             None),
+    # How a model family writes tool calls (unset: the `<tool_call>` format, with a JSON answer
+    # as a fallback); enable_auto_tool_choice=false refuses tool_choice auto, as vLLM does
+    # without its flag.
+    Setting("option.tool_call_parser", "tool_call_parser", values.choice(*TOOL_CALL_PARSERS),
+            None),
+    Setting("option.enable_auto_tool_choice", "enable_auto_tool_choice", values.boolean, None),
     Setting("option.chat_template", "chat_template", values.text, None),
     Setting("batch_size", "batch_size", values.integer(1), 1),
     Setting("max_batch_delay", "max_batch_delay", values.integer(0), 100),

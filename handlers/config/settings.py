@@ -77,6 +77,8 @@ class Config:
     enable_streaming: bool
     full_text_enabled: bool
     reasoning_parser: str | None  # vLLM's parser name; None: no thinking is split off
+    tool_call_parser: str | None  # vLLM's parser name; None: the `<tool_call>` format
+    enable_auto_tool_choice: bool | None  # false: tool_choice auto is refused
     chat_template: str | None  # a file, or the Jinja template itself
     batch_size: int
     max_batch_delay: int  # milliseconds

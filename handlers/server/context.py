@@ -17,6 +17,7 @@ import anyio.to_thread
 from handlers.engine.base import Embedder, Engine
 from handlers.engine.types import AdapterActivity, GenerationRequest
 from handlers.protocols.adapter_management import AdapterRecord
+from handlers.protocols.chat.answer import ChatFormat
 from handlers.protocols.checks import Checks, Refuse
 from handlers.protocols.errors import ErrorKind, ProtocolError
 from handlers.protocols.openai_responses import ResponseStore
@@ -44,6 +45,8 @@ class ServerSettings:
     max_request_size: int = 6 * 1024 * 1024  # bytes; SageMaker's real-time payload limit
     full_text_enabled: bool = False  # MindIE's streamed chat with the whole text in each chunk
     reasoning_parser: str | None = None  # how chat answers split thinking from the answer
+    tool_call_parser: str | None = None  # how chat answers read a model family's tool calls
+    auto_tool_choice: bool = True  # option.enable_auto_tool_choice (false: `auto` refused)
     dynamic_batching: bool = False  # option.rolling_batch=disable: LMI's dynamic-batch schema
     dynamic_streaming: bool = False  # option.enable_streaming: dynamic batches answer streams
     predict_timeout: float | None = None  # seconds a request may take; None: no deadline
@@ -54,6 +57,11 @@ class ServerSettings:
     api_key: str | None = field(default=None, repr=False)  # required on every route but health
     model_dir: Path = Path(".")  # where relative adapter sources are read from
     adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        return ChatFormat(self.full_text_enabled, self.reasoning_parser, self.tool_call_parser,
+                          self.auto_tool_choice)
 
     def __post_init__(self) -> None:
         if self.output_formatter not in (None, *OUTPUT_FORMATTERS):

@@ -22,7 +22,12 @@ from handlers.engine.types import (
     TopToken,
 )
 from handlers.protocols.chat.admit import engine_refusal, fit_to_context
-from handlers.protocols.chat.answer import ChatOptions, ResponseContext, ToolExtractor
+from handlers.protocols.chat.answer import (
+    PLAIN,
+    ChatOptions,
+    ResponseContext,
+    ToolExtractor,
+)
 from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.chat.structured import (
     MAX_PARALLEL_CALLS,
@@ -178,7 +183,7 @@ def test_unknown_fields_are_ignored_and_listed():
 def test_null_means_default():
     body = {"messages": USER, "temperature": None, "stream": None, "stop": None, "top_k": None,
             "seed": None, "n": None, "skip_special_tokens": None, "repetition_penalty": None}
-    params = prepare_chat(body, tokenizer(), MODEL, False).gen.params
+    params = prepare_chat(body, tokenizer(), MODEL, PLAIN).gen.params
     assert params.do_sample and params.temperature == 1.0 and params.stop_sequences == []
     assert params.skip_special_tokens and params.repetition_penalty == 1.0 and params.n == 1
 
@@ -186,7 +191,7 @@ def test_null_means_default():
 # -- conversion -----------------------------------------------------------------------------------
 
 def chat_params(**fields):
-    return prepare_chat({"messages": USER, **fields}, tokenizer(), MODEL, False).gen.params
+    return prepare_chat({"messages": USER, **fields}, tokenizer(), MODEL, PLAIN).gen.params
 
 
 def test_sampling_fields_reach_the_engine():
@@ -239,10 +244,10 @@ def test_completion_prompt_forms():
 
 def test_another_model_is_a_404():
     with pytest.raises(OpenAIError) as info:
-        prepare_chat({"messages": USER, "model": "gpt-4"}, tokenizer(), MODEL, False)
+        prepare_chat({"messages": USER, "model": "gpt-4"}, tokenizer(), MODEL, PLAIN)
     assert (status(info.value), info.value.param, info.value.code) == (
         404, "model", "model_not_found")
-    assert prepare_chat({"messages": USER, "model": MODEL}, tokenizer(), MODEL, False)
+    assert prepare_chat({"messages": USER, "model": MODEL}, tokenizer(), MODEL, PLAIN)
 
 
 def validated(job_gen: GenerationRequest, prompt_tokens: int) -> GenerationRequest:
@@ -251,7 +256,7 @@ def validated(job_gen: GenerationRequest, prompt_tokens: int) -> GenerationReque
 
 
 def test_output_length_null_is_up_to_the_context():
-    job = prepare_chat({"messages": USER}, tokenizer(), MODEL, False)
+    job = prepare_chat({"messages": USER}, tokenizer(), MODEL, PLAIN)
     asked = job.gen.params.max_new_tokens
     fitted = fit_to_context(validated(job.gen, 10), job.request, 64)
     assert fitted.params.max_new_tokens == 54
@@ -260,7 +265,7 @@ def test_output_length_null_is_up_to_the_context():
 
 def test_output_length_beyond_the_context_names_the_field():
     job = prepare_chat({"messages": USER, "max_completion_tokens": 60, "max_tokens": 5},
-                       tokenizer(), MODEL, False)
+                       tokenizer(), MODEL, PLAIN)
     with pytest.raises(OpenAIError) as info:
         fit_to_context(validated(job.gen, 10), job.request, 64)
     assert (info.value.param, info.value.code) == ("max_completion_tokens",
@@ -288,7 +293,7 @@ def test_engine_refusals_name_the_openai_field():
 
 def prompt_of(messages, template: str = PLAIN_TEMPLATE, **fields) -> str:
     return prepare_chat({"messages": messages, **fields}, tokenizer(template), MODEL,
-                        False).gen.prompt
+                        PLAIN).gen.prompt
 
 
 def test_chat_template_renders_roles_and_text_parts():
@@ -315,7 +320,7 @@ def test_continue_final_message_leaves_the_answer_open():
 def test_echo_starts_the_answer_with_the_assistant_message_it_continues():
     def options(messages, **fields):
         request = parse_chat_request({"messages": messages, **fields})
-        return ChatOptions.for_request(request, full_text_enabled=False)
+        return ChatOptions.for_request(request)
 
     opts = options(PREFILLED, echo=True, continue_final_message=True)
     assert opts.echo_text == "The answer is"

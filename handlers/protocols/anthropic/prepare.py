@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from handlers.engine.base import Tokenizer
@@ -38,7 +38,7 @@ from handlers.protocols.anthropic.requests import (
     ToolUseBlockParam,
 )
 from handlers.protocols.bodies import parse_body
-from handlers.protocols.chat.answer import ChatOptions
+from handlers.protocols.chat.answer import PLAIN, ChatFormat, ChatOptions
 from handlers.protocols.chat.params import chat_sampling_params
 from handlers.protocols.chat.prompt import render_chat_prompt
 from handlers.protocols.chat.requests import MAX_STOP_CHARS, ChatCompletionRequest
@@ -56,10 +56,10 @@ class MessagesJob:
 
 
 def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
-                     adapters: Sequence[str] = (), reasoning_parser: str | None = None
+                     adapters: Sequence[str] = (), fmt: ChatFormat = PLAIN
                      ) -> MessagesJob:
-    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model;
-    `reasoning_parser`: option.reasoning_parser (the thinking becomes `thinking` blocks)."""
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model; `fmt`:
+    how the model's answers are read (its thinking becomes `thinking` blocks)."""
     request, adapter = _parse(MessagesRequest, body, model, adapters)
     chat = chat_request(request)
     with in_anthropic_terms():
@@ -69,8 +69,8 @@ def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
     # the rendering cuts it off, as Anthropic never returns it.
     params.include_stop_str_in_output = True
     gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
-    options = ChatOptions.for_request(chat, full_text_enabled=False,
-                                      reasoning_parser=reasoning_parser)
+    with in_anthropic_terms():
+        options = ChatOptions.for_request(chat, replace(fmt, full_text=False))
     context = MessageContext(f"msg_{gen.request_id}", adapter or model, options,
                              tuple(request.stop_sequences or ()))
     return MessagesJob(request, gen, chat, context)

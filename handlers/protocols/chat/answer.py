@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.chat.logprobs import TokenText
 from handlers.protocols.chat.prompt import echoed_text
 from handlers.protocols.chat.reasoning import Split, splitter
 from handlers.protocols.chat.requests import ChatCompletionRequest, NamedToolChoice
-from handlers.protocols.chat.tool_calls import (
-    ParsedCall,
-    ToolCallParser,
-    arguments_call,
-    parse_calls_json,
-)
+from handlers.protocols.chat.tool_calls import ParsedCall, arguments_call, parse_calls_json
+from handlers.protocols.chat.tool_parsers import call_parser
 
 
 @dataclass(frozen=True)
@@ -30,6 +27,20 @@ class ResponseContext:
 
 
 @dataclass(frozen=True)
+class ChatFormat:
+    """How the served model's chat answers are read, by configuration: MindIE's full-text
+    streams, its reasoning parser, its tool-call parser, whether tool_choice auto is allowed."""
+
+    full_text: bool = False
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    auto_tool_choice: bool = True
+
+
+PLAIN = ChatFormat()  # no parser configured
+
+
+@dataclass(frozen=True)
 class ChatOptions:
     n: int = 1
     logprobs: bool = False
@@ -40,10 +51,14 @@ class ChatOptions:
     full_text: bool = False
     echo_text: str = ""  # `echo`: the assistant message the answer continues
     reasoning_parser: str | None = None  # option.reasoning_parser: thinking split off
+    tool_parser: str | None = None  # option.tool_call_parser: how calls are written
+    parallel_calls: bool = True  # parallel_tool_calls: false keeps the first call only
 
     @classmethod
-    def for_request(cls, request: ChatCompletionRequest, full_text_enabled: bool,
-                    reasoning_parser: str | None = None) -> ChatOptions:
+    def for_request(cls, request: ChatCompletionRequest, fmt: ChatFormat = PLAIN
+                    ) -> ChatOptions:
+        """The options of `request` served as `fmt` says; OpenAIError (tool_choice) for an
+        `auto` choice that option.enable_auto_tool_choice=false refuses."""
         choice = request.tool_choice
         names = frozenset(t.function.name for t in request.tools or [])
         if isinstance(choice, NamedToolChoice):
@@ -52,6 +67,10 @@ class ChatOptions:
             mode = "none"
         else:
             mode = "required" if choice == "required" else "auto"
+        if mode == "auto" and not fmt.auto_tool_choice:
+            raise OpenAIError("tool_choice: 'auto' is off on this server "
+                              "(option.enable_auto_tool_choice=false); name a function, or "
+                              "'required' or 'none'", "tool_choice", code="unsupported_value")
         return cls(
             n=request.n,
             logprobs=bool(request.logprobs),
@@ -59,10 +78,12 @@ class ChatOptions:
             tool_mode=mode,
             tool_names=names,
             include_usage=bool(request.stream_options and request.stream_options.include_usage),
-            full_text=full_text_enabled,
+            full_text=fmt.full_text,
             echo_text=echoed_text(request),
             # Thinking switched off (chat_template_kwargs): what the model says is all answer.
-            reasoning_parser=reasoning_parser if request.thinking else None,
+            reasoning_parser=fmt.reasoning_parser if request.thinking else None,
+            tool_parser=fmt.tool_call_parser,
+            parallel_calls=request.parallel_tool_calls is not False,
         )
 
 
@@ -74,20 +95,31 @@ class ToolExtractor:
     def __init__(self, opts: ChatOptions) -> None:
         self.mode = opts.tool_mode
         self.names = set(opts.tool_names)
-        self.parser = ToolCallParser(self.names) if self.mode == "auto" else None
+        self.parser = call_parser(opts.tool_parser, self.names) if self.mode == "auto" else None
+        self.single = not opts.parallel_calls
+        self.calls = 0  # given so far
         self.held = ""
 
     def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
         if self.parser is not None:
-            return self.parser.feed(text)
+            content, calls = self.parser.feed(text)
+            return content, self._allowed(calls)
         if self.mode == "none":
             return text, []
         self.held += text
         return "", []
 
+    def _allowed(self, calls: list[ParsedCall]) -> list[ParsedCall]:
+        """With parallel_tool_calls false, the first call only."""
+        if self.single:
+            calls = calls[: max(0, 1 - self.calls)]
+        self.calls += len(calls)
+        return calls
+
     def finish(self) -> tuple[str, list[ParsedCall]]:
         if self.parser is not None:
-            return self.parser.finish()
+            content, calls = self.parser.finish()
+            return content, self._allowed(calls)
         if self.mode == "named":
             call = arguments_call(next(iter(self.names)), self.held)
             return ("", [call]) if call else (self.held, [])

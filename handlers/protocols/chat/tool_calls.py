@@ -38,6 +38,7 @@ arguments:
 class ParsedCall:
     name: str
     arguments: str  # JSON text
+    id: str | None = None  # None: the answer gives it one (a family may want its own shape)
 
 
 def tool_prompt(tools: list[dict[str, Any]]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from handlers.engine.base import Tokenizer
 from handlers.engine.types import GenerationRequest, SamplingParams
-from handlers.protocols.chat.answer import ChatOptions, ResponseContext
+from handlers.protocols.chat.answer import ChatFormat, ChatOptions, ResponseContext
 from handlers.protocols.chat.errors import OpenAIError, check_model
 from handlers.protocols.chat.logprobs import token_text_of
 from handlers.protocols.chat.params import chat_sampling_params, sampling_params
@@ -41,10 +41,10 @@ class CompletionJob:
     options: CompletionOptions
 
 
-def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, full_text_enabled: bool,
-                 adapters: Sequence[str] = (), reasoning_parser: str | None = None) -> ChatJob:
-    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model;
-    `reasoning_parser`: option.reasoning_parser."""
+def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, fmt: ChatFormat,
+                 adapters: Sequence[str] = ()) -> ChatJob:
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model; `fmt`:
+    how the model's answers are read."""
     request = parse_chat_request(body)
     adapter = check_model(request.model, model, adapters)
     prompt = render_chat_prompt(tokenizer, request)
@@ -52,8 +52,7 @@ def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, full_text_enabled:
     gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
     context = ResponseContext(f"chatcmpl-{gen.request_id}", int(time.time()), adapter or model,
                               token_text_of(tokenizer))
-    options = ChatOptions.for_request(request, full_text_enabled, reasoning_parser)
-    return ChatJob(request, gen, context, options)
+    return ChatJob(request, gen, context, ChatOptions.for_request(request, fmt))
 
 
 def prepare_completion(body: Any, tokenizer: Tokenizer, model: str,

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from handlers.engine.base import Tokenizer
 from handlers.engine.types import GenerationRequest, StructuredOutput
-from handlers.protocols.chat.answer import ChatOptions, ResponseContext
+from handlers.protocols.chat.answer import PLAIN, ChatFormat, ChatOptions, ResponseContext
 from handlers.protocols.chat.errors import OpenAIError, check_model, from_validation_error
 from handlers.protocols.chat.logprobs import token_text_of
 from handlers.protocols.chat.params import chat_sampling_params
@@ -61,11 +61,11 @@ class ResponsesJob:
 
 
 def prepare_response(body: Any, tokenizer: Tokenizer, model: str, history: History,
-                     adapters: Sequence[str] = (), reasoning_parser: str | None = None
+                     adapters: Sequence[str] = (), fmt: ChatFormat = PLAIN
                      ) -> ResponsesJob:
-    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model;
-    `reasoning_parser`: option.reasoning_parser (the thinking becomes a `reasoning` item)."""
-    reasons = reasoning_parser is not None
+    """`adapters`: the LoRA adapters `model` (the field) may name instead of the model; `fmt`:
+    how the model's answers are read (its thinking becomes a `reasoning` item)."""
+    reasons = fmt.reasoning_parser is not None
     request = parse_request(body, reasons)
     adapter = check_model(request.model, model, adapters)
     past = _history(request, history)
@@ -76,9 +76,9 @@ def prepare_response(body: Any, tokenizer: Tokenizer, model: str, history: Histo
     gen = GenerationRequest(prompt=_prompt(tokenizer, chat), params=params, adapter=adapter)
     ctx = ResponseContext(f"resp_{gen.request_id}", int(time.time()), adapter or model,
                           token_text_of(tokenizer))
-    options = ResponseOptions(ctx, echo_fields(request),
-                              ChatOptions.for_request(chat, False, reasoning_parser),
-                              request.logprobs, request.top_logprobs or 0)
+    chat_options = ChatOptions.for_request(chat, dataclasses.replace(fmt, full_text=False))
+    options = ResponseOptions(ctx, echo_fields(request), chat_options, request.logprobs,
+                              request.top_logprobs or 0)
     stored = [item.model_dump(by_alias=True, exclude_none=True) for item in items]
     return ResponsesJob(request, chat, gen, options, stored)
 

@@ -1,0 +1,67 @@
+"""Each family's tool calls (option.tool_call_parser) arrive as OpenAI `tool_calls` whose
+arguments validate against the tool's schema, whole and streamed, with the openai SDK, on
+scripted engine output in the family's format; Anthropic's `tool_use` blocks read the same."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+from fakes import ScriptedEngine, served_app
+from server_process import serving
+
+MODEL = "fake-model"
+SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string"},
+    "days": {"type": "array", "items": {"type": "string"}}}, "required": ["city"],
+    "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]
+ARGUMENTS = [{"city": "Paris", "days": ["lundi"]}, {"city": "Kraków ☂"}]
+FAMILIES = {
+    "hermes": "".join(f'<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(a)}}}'
+                      "\n</tool_call>\n" for a in ARGUMENTS),
+    "llama3_json": "<|python_tag|>" + "; ".join(
+        json.dumps({"name": "get_weather", "parameters": a}) for a in ARGUMENTS),
+    "mistral": "[TOOL_CALLS]" + json.dumps([{"name": "get_weather", "arguments": a}
+                                            for a in ARGUMENTS]),
+    "pythonic": "[get_weather(city='Paris', days=['lundi']), get_weather(city='Kraków ☂')]",
+}
+CHAT = [{"role": "user", "content": "Weather in Paris and Kraków?"}]
+
+
+def pieces(text: str, size: int = 7) -> tuple[str, ...]:
+    return tuple(text[i:i + size] for i in range(0, len(text), size))
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request):
+    engine = ScriptedEngine(script=pieces(FAMILIES[request.param]), max_model_len=4096)
+    with serving(served_app(engine, tool_call_parser=request.param)) as url:
+        yield url
+
+
+def test_calls_arrive_as_tool_calls_that_validate_whole_and_streamed(family):
+    client = openai.OpenAI(base_url=f"{family}/v1", api_key="x", max_retries=0)
+    choice = client.chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS).choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    arguments = [json.loads(call.function.arguments) for call in choice.message.tool_calls]
+    assert arguments == ARGUMENTS
+    for value in arguments:
+        jsonschema.validate(value, SCHEMA)
+    deltas = [chunk.choices[0].delta for chunk in client.chat.completions.create(
+        model=MODEL, messages=CHAT, tools=TOOLS, stream=True) if chunk.choices]
+    streamed = [call for delta in deltas for call in delta.tool_calls or []]
+    assert [c.index for c in streamed] == [0, 1] and all(c.id for c in streamed)
+    assert [json.loads(c.function.arguments) for c in streamed] == ARGUMENTS
+    assert not "".join(d.content or "" for d in deltas).strip()
+
+
+def test_anthropic_reads_the_same_calls_as_tool_use_blocks(family):
+    claude = anthropic.Anthropic(base_url=family, api_key="x", max_retries=0)
+    tools = [{"name": "get_weather", "input_schema": SCHEMA}]
+    message = claude.messages.create(model=MODEL, max_tokens=512, messages=CHAT, tools=tools)
+    assert message.stop_reason == "tool_use"
+    assert [block.input for block in message.content if block.type == "tool_use"] == ARGUMENTS
