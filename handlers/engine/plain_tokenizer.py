@@ -102,8 +102,9 @@ class PlainTokenizer:
                             tools: list[dict[str, Any]] | None = None,
                             chat_template: str | None = None, tokenize: bool = False,
                             add_generation_prompt: bool = False,
-                            continue_final_message: bool = False) -> str:
-        """The rendered conversation (text only: `tokenize` must be False)."""
+                            continue_final_message: bool = False, **variables: Any) -> str:
+        """The rendered conversation (text only: `tokenize` must be False), with more
+        `variables` for the template, as transformers passes its extra keyword arguments."""
         if tokenize:
             raise ValueError("PlainTokenizer renders chats as text only")
         template = self.get_chat_template(chat_template, tools)
@@ -111,9 +112,9 @@ class PlainTokenizer:
             raise ValueError("continue_final_message and add_generation_prompt exclude each other")
         final, messages = (_tag_final(messages, template) if continue_final_message
                            else (None, messages))
-        text = _compiled(template).render(messages=messages, tools=tools, documents=None,
-                                          add_generation_prompt=add_generation_prompt,
-                                          **self.special_tokens_map)
+        text = _compiled(template).render(**{**self.special_tokens_map, **variables},
+                                          messages=messages, tools=tools, documents=None,
+                                          add_generation_prompt=add_generation_prompt)
         return text if final is None else _cut_at_tag(text, final)
 
 

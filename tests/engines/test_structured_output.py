@@ -258,3 +258,29 @@ def test_json_strings_never_take_a_raw_control_character(engine, loaded):
     [tab] = tokenizer.encode("\t", add_special_tokens=False)
     [letter] = tokenizer.encode("a", add_special_tokens=False)
     assert logits[0, tab] == -math.inf and logits[0, letter] == 0
+
+
+# -- after a reasoning model's thinking ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [1, 6, 17])
+async def test_the_grammar_applies_after_the_thinking_and_a_budget_ends_it(engine, budget):
+    """A reasoning model thinks freely, then answers valid JSON: the grammar waits for the
+    thinking's end. The tiny model never writes `</think>` itself, so its thinking budget (in
+    tokens) closes it: exactly `budget` free tokens, then `</think>`, then the JSON."""
+    for seed in range(3):
+        [seq] = await run(engine, json_schema(PERSON), thinking_end="</think>",
+                          max_thinking_tokens=budget, **sampled(seed))
+        thinking, end, answer = seq["text"].partition("</think>")
+        assert end, seq["text"]
+        jsonschema.validate(json.loads(answer), PERSON)
+        texts = [token.text for token in seq["tokens"]]
+        closing = next(i for i in range(len(texts)) if "</think>" in "".join(texts[:i + 1]))
+        assert closing >= budget and "".join(texts[:budget]) in thinking + "</"
+        assert seq["finish"] == FinishReason.EOS
+
+
+async def test_without_a_budget_an_unclosed_thinking_is_never_constrained(engine):
+    [seq] = await run(engine, json_schema(PERSON), thinking_end="</think>",
+                      **sampled(0, max_new_tokens=12))
+    assert "</think>" not in seq["text"] and seq["finish"] == FinishReason.LENGTH

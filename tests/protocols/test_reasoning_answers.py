@@ -5,12 +5,15 @@ keeps the raw text. Without a parser the text is all answer, as before."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 from fakes import ScriptedEngine, served_app
-from server_process import serving
+from server_process import running_server, serving
 
 MODEL = "fake-model"
 THINKING = ["Okay", ", the", " user", " wants", " a", " city", "."]
@@ -180,3 +183,53 @@ def test_a_thinking_budget_not_below_max_tokens_is_refused_as_anthropic_does(ser
     with pytest.raises(anthropic.BadRequestError, match="thinking.budget_tokens"):
         claude.messages.create(model=MODEL, max_tokens=32, messages=CHAT, extra_body={
             "thinking": {"type": "enabled", "budget_tokens": 2048}})
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tiny_dir):
+    """The tiny random model served as a DeepSeek-R1-shaped reasoning model: its thinking never
+    ends by itself, so a thinking budget ends it."""
+    with running_server(f"option.model_id={tiny_dir}", "option.reasoning_parser=deepseek_r1",
+                        "option.embedding_model_id=none", "option.dtype=fp32") as url:
+        yield url
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "age": {"type": "integer", "minimum": 0,
+                                                   "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_a_json_schema_answer_after_the_thinking_validates(thinking_server):
+    client = chat_client(thinking_server)
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    for seed in range(2):
+        message = client.chat.completions.create(
+            model="tiny-llama", messages=CHAT, response_format=fmt, seed=seed, max_tokens=80,
+            extra_body={"thinking_token_budget": 5}).choices[0].message
+        assert message.reasoning_content  # free text, then the budget closed it
+        jsonschema.validate(json.loads(message.content), PERSON)
+    refused = httpx.post(f"{thinking_server}/v1/chat/completions", json={
+        "messages": CHAT, "thinking_token_budget": 5,
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == \
+        "thinking_token_budget"
+
+
+def test_a_forced_call_after_the_thinking_validates_whole_and_streamed(thinking_server):
+    client = chat_client(thinking_server)
+    tools = [{"type": "function", "function": {"name": "register", "parameters": PERSON}}]
+    forced = {"type": "function", "function": {"name": "register"}}
+    body = {"model": "tiny-llama", "messages": CHAT, "tools": tools, "tool_choice": forced,
+            "max_tokens": 80, "temperature": 0, "extra_body": {"thinking_token_budget": 4}}
+    message = client.chat.completions.create(**body).choices[0].message
+    assert message.reasoning_content and not message.content
+    jsonschema.validate(json.loads(message.tool_calls[0].function.arguments), PERSON)
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**body, stream=True)
+              if c.choices]
+    reasoning = "".join(d.model_extra.get("reasoning_content") or "" for d in deltas)
+    arguments = "".join(call.function.arguments or "" for d in deltas
+                        for call in d.tool_calls or [])
+    assert reasoning == message.reasoning_content
+    jsonschema.validate(json.loads(arguments), PERSON)

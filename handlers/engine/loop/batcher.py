@@ -26,12 +26,13 @@ from handlers.engine.grammars import Grammars, mask_logits
 from handlers.engine.loop import sampling
 from handlers.engine.loop.prefix_cache import PrefixCache
 from handlers.engine.loop.runner import PrefillChunk, Runner
-from handlers.engine.loop.sequence import RequestState, Sequence, make_token
+from handlers.engine.loop.sequence import RequestState, Sequence, Thinking, make_token
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,
     RequestMetrics,
     RequestOutput,
+    SamplingParams,
     SequenceOutput,
     Token,
 )
@@ -213,6 +214,7 @@ class ContinuousBatcher:
                     include_stop_str_in_output=params.include_stop_str_in_output,
                 ),
                 grammar=self.grammars.start(params.structured) if params.structured else None,
+                thinking=self._thinking(params),
             )
             for i in range(params.num_sequences)
         ]
@@ -223,6 +225,12 @@ class ContinuousBatcher:
             state.prompt_logprobs = [Token(id=prompt[0], text=token_text(self.tokenizer, prompt[0]),
                                            logprob=None, special=prompt[0] in self.special_ids)]
         return state
+
+    def _thinking(self, params: SamplingParams) -> Thinking | None:
+        if params.thinking_end is None:
+            return None
+        end_ids = self.tokenizer.encode(params.thinking_end, add_special_tokens=False)
+        return Thinking(params.thinking_end, end_ids, params.max_thinking_tokens)
 
     def _fail_unstarted(self, request: GenerationRequest, exc: Exception) -> None:
         error = SequenceOutput(index=0, tokens=[], finish_reason=FinishReason.ERROR,
@@ -335,8 +343,9 @@ class ContinuousBatcher:
         state.metrics.first_token_time = time.monotonic()
         rows = state.sequences
         logits = logits.expand(len(rows), -1)
-        if state.request.params.structured is not None:
-            logits = logits.clone()  # each sequence's grammar masks its own row
+        params = state.request.params
+        if params.structured is not None or params.thinking_end is not None:
+            logits = logits.clone()  # each sequence masks its own row (grammar, forced end)
         self._sample_rows(logits, rows)
 
     def _claim_decode_slot(self, home: int, length: int) -> tuple[int, bool]:
@@ -395,13 +404,15 @@ class ContinuousBatcher:
         if not rows:
             return
         try:
-            mask_logits(logits, [seq.grammar for seq in rows])
+            mask_logits(logits, [seq.constraint for seq in rows])
+            _force_thinking_end(logits, rows)
             result = sampling.sample(logits, [seq.sampler for seq in rows])
         except Exception:
             log.exception("batched sampling failed; sampling row by row")
             for i, seq in enumerate(rows):
                 try:
-                    mask_logits(logits[i : i + 1], [seq.grammar])  # again: masking is idempotent
+                    mask_logits(logits[i : i + 1], [seq.constraint])  # masking is idempotent
+                    _force_thinking_end(logits[i : i + 1], [seq])
                     one = sampling.sample(logits[i : i + 1], [seq.sampler])
                     self._append(seq, one.token_ids[0], one.logprobs[0], one.top[0])
                 except Exception as exc:
@@ -417,7 +428,8 @@ class ContinuousBatcher:
     def _append(self, seq: Sequence, token_id: int, logprob: float,
                 top: list[tuple[int, float]]) -> None:
         """Record a sampled token, release its text, and decide whether the sequence stops."""
-        if seq.grammar is not None and not seq.grammar.accept(token_id):
+        grammar = seq.constraint
+        if grammar is not None and not grammar.accept(token_id):
             self._grammar_rejected(seq, token_id)
             return
         params = seq.params
@@ -429,11 +441,13 @@ class ContinuousBatcher:
         text = seq.detokenizer.add(token_id)
         seq.pending.append(make_token(self.tokenizer, token_id, text, logprob, top,
                                       self.special_ids))
+        if seq.thinking is not None:  # the token's own text: the released text may lag
+            seq.thinking.add(token_id, token_text(self.tokenizer, token_id))
         if token_id in self.eos_token_ids and not params.ignore_eos:
             seq.finish(FinishReason.EOS)
         elif token_id in params.stop_token_ids or seq.detokenizer.stopped:
             seq.finish(FinishReason.STOP)
-        elif seq.grammar is not None and seq.grammar.is_over():  # as if it took the forced EOS
+        elif grammar is not None and grammar.is_over():  # as if it took the forced EOS
             seq.finish(FinishReason.EOS)
         elif seq.generated >= params.max_new_tokens or len(seq.token_ids) >= self.max_model_len:
             seq.finish(FinishReason.LENGTH)
@@ -477,3 +491,14 @@ class ContinuousBatcher:
         for request_id in [r for r, s in self.states.items() if s.finished]:
             del self.states[request_id]
             self.counters["finished_requests"] += 1
+
+
+def _force_thinking_end(logits: torch.Tensor, rows: list[Sequence]) -> None:
+    """Rows whose thinking budget is spent may take only the next token of the thinking's
+    end."""
+    for i, seq in enumerate(rows):
+        forced = seq.thinking.forced if seq.thinking is not None else None
+        if forced is not None:
+            keep = logits[i, forced].clone()
+            logits[i] = -torch.inf
+            logits[i, forced] = keep

@@ -38,6 +38,12 @@ class Sequence:
     error: str | None = None
     pending: list[Token] = field(default_factory=list)  # produced since the last output
     grammar: SequenceGrammar | None = None  # structured output: where this sequence is in it
+    thinking: Thinking | None = None  # a reasoning model's thinking, before the grammar applies
+
+    @property
+    def constraint(self) -> SequenceGrammar | None:
+        """The grammar that constrains the next token: none while the model thinks."""
+        return None if self.thinking is not None and not self.thinking.over else self.grammar
 
     @property
     def finished(self) -> bool:
@@ -67,6 +73,37 @@ class Sequence:
             cumulative_logprob=self.cumulative_logprob,
             generated_tokens=self.generated,
         )
+
+
+@dataclass
+class Thinking:
+    """Where a sequence is in its thinking: over once `end` was generated; past `budget`
+    tokens, `end`'s tokens (`end_ids`) are forced one by one."""
+
+    end: str
+    end_ids: list[int]
+    budget: int | None = None
+    spent: int = 0
+    over: bool = False
+    _tail: str = ""  # the last characters generated, to find `end` across tokens
+    _forced: list[int] = field(default_factory=list)
+
+    def add(self, token_id: int, text: str) -> None:
+        if self.over:
+            return
+        self.spent += 1
+        self._tail = (self._tail + text)[-4 * len(self.end):]
+        if self._forced and self._forced[0] == token_id:
+            self._forced.pop(0)
+        if self.end in self._tail:
+            self.over, self._forced = True, []
+        elif self.budget is not None and self.spent >= self.budget and not self._forced:
+            self._forced = list(self.end_ids)
+
+    @property
+    def forced(self) -> int | None:
+        """The token the next step must take (the budget is spent), or None."""
+        return self._forced[0] if self._forced and not self.over else None
 
 
 @dataclass

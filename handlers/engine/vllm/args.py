@@ -37,6 +37,8 @@ LMI_TO_VLLM = {
     "cpu_offload_gb_per_gpu": "cpu_offload_gb",
     "load_format": "load_format",
     "revision": "revision",
+    # vLLM's structured outputs then constrain the answer after the thinking, as ours do
+    "reasoning_parser": "reasoning_parser",
 }
 _DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _BY_FIELD = {s.field: s for s in SETTINGS}

@@ -36,6 +36,8 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
     }
     if params.logit_bias:
         kwargs["logit_bias"] = dict(params.logit_bias)
+    if params.max_thinking_tokens is not None:  # the thinking's end is vLLM's reasoning parser's
+        kwargs["thinking_token_budget"] = params.max_thinking_tokens
     return kwargs
 
 

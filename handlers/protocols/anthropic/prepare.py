@@ -38,7 +38,7 @@ from handlers.protocols.anthropic.requests import (
     ToolUseBlockParam,
 )
 from handlers.protocols.bodies import parse_body
-from handlers.protocols.chat.answer import PLAIN, ChatFormat, ChatOptions
+from handlers.protocols.chat.answer import PLAIN, ChatFormat, ChatOptions, think_first
 from handlers.protocols.chat.params import chat_sampling_params
 from handlers.protocols.chat.prompt import render_chat_prompt
 from handlers.protocols.chat.requests import MAX_STOP_CHARS, ChatCompletionRequest
@@ -69,8 +69,11 @@ def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
     # the rendering cuts it off, as Anthropic never returns it.
     params.include_stop_str_in_output = True
     gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
+    budget = request.thinking.budget_tokens \
+        if isinstance(request.thinking, ThinkingEnabled) else None
     with in_anthropic_terms():
         options = ChatOptions.for_request(chat, replace(fmt, full_text=False))
+        think_first(params, options, budget, "thinking.budget_tokens")
     context = MessageContext(f"msg_{gen.request_id}", adapter or model, options,
                              tuple(request.stop_sequences or ()))
     return MessagesJob(request, gen, chat, context)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from handlers.engine.types import SamplingParams
 from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.chat.logprobs import TokenText
 from handlers.protocols.chat.prompt import echoed_text
-from handlers.protocols.chat.reasoning import Split, splitter
+from handlers.protocols.chat.reasoning import THINKING_END, Split, splitter
 from handlers.protocols.chat.requests import ChatCompletionRequest, NamedToolChoice
 from handlers.protocols.chat.tool_calls import ParsedCall, arguments_call, parse_calls_json
 from handlers.protocols.chat.tool_parsers import call_parser
@@ -129,6 +130,21 @@ class ToolExtractor:
         return "", []
 
 
+def think_first(params: SamplingParams, options: ChatOptions, budget: int | None,
+                field: str) -> None:
+    """With a reasoning parser and thinking on, the engine waits for the thinking's end before
+    it constrains the answer (structured output, a forced call), and thinks at most `budget`
+    tokens (`field`: where the request gave it); OpenAIError for a budget nothing would read."""
+    if options.reasoning_parser is None:
+        if budget is not None:
+            raise OpenAIError(f"{field}: this model does not think here (the server has no "
+                              "option.reasoning_parser, or the request switched thinking off)",
+                              field, code="unsupported_value")
+        return
+    params.thinking_end = THINKING_END
+    params.max_thinking_tokens = budget
+
+
 class AnswerParts:
     """One choice's streamed text into thinking, content and tool calls: the reasoning parser
     first, so calls are parsed from the answer only (never from the thinking), then the tool
@@ -148,6 +164,14 @@ class AnswerParts:
         content, calls = self.tools.feed(split.content)
         tail, more = self.tools.finish()
         return split.reasoning, content + tail, calls + more
+
+    def split(self, text: str, finished: bool) -> Split:
+        """Thinking and answer only, the answer left whole (a named call's arguments, which
+        stream as they are generated)."""
+        if self.reasoning is None:
+            return Split(content=text)
+        out = self.reasoning.feed(text)
+        return out + self.reasoning.finish() if finished else out
 
     def whole(self, text: str) -> tuple[str, str, list[ParsedCall]]:
         """A whole output's parts."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from handlers.config.keys import REASONING_PARSERS
 
 OPEN, CLOSE = "<think>", "</think>"
+THINKING_END = CLOSE  # what the engine waits for before it constrains the answer
 
 
 @dataclass

@@ -155,6 +155,8 @@ class ChatCompletionRequest(GenerationFields):
     # vLLM's: more variables for the chat template (`enable_thinking: false` switches a
     # reasoning model's thinking off where its template reads it).
     chat_template_kwargs: dict[str, Any] | None = Field(None, max_length=64)
+    # vLLM's: at most this many tokens of thinking, then its end is written (a reasoning parser)
+    thinking_token_budget: int | None = Field(None, ge=0, lt=2**31)
 
     @property
     def thinking(self) -> bool:

@@ -113,7 +113,10 @@ class ChatStream:
                 chunks.append(self.chunk([_delta(seq.index, opening, None, None)]))
         state.completion_tokens = seq.generated_tokens
         if self.opts.tool_mode == "named":
-            delta = self._arguments_delta(state, seq.text)
+            split = state.parts.split(seq.text, seq.finished)
+            delta = self._arguments_delta(state, split.content)
+            if split.reasoning:
+                delta["reasoning_content"] = delta["reasoning"] = split.reasoning
             changed = bool(delta)
         else:
             reasoning, content, calls = state.parts.feed(seq.text)

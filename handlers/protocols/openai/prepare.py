@@ -13,7 +13,12 @@ from typing import Any
 
 from handlers.engine.base import Tokenizer
 from handlers.engine.types import GenerationRequest, SamplingParams
-from handlers.protocols.chat.answer import ChatFormat, ChatOptions, ResponseContext
+from handlers.protocols.chat.answer import (
+    ChatFormat,
+    ChatOptions,
+    ResponseContext,
+    think_first,
+)
 from handlers.protocols.chat.errors import OpenAIError, check_model
 from handlers.protocols.chat.logprobs import token_text_of
 from handlers.protocols.chat.params import chat_sampling_params, sampling_params
@@ -49,10 +54,12 @@ def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, fmt: ChatFormat,
     adapter = check_model(request.model, model, adapters)
     prompt = render_chat_prompt(tokenizer, request)
     params = chat_sampling_params(request, structured_output(request))
+    options = ChatOptions.for_request(request, fmt)
+    think_first(params, options, request.thinking_token_budget, "thinking_token_budget")
     gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
     context = ResponseContext(f"chatcmpl-{gen.request_id}", int(time.time()), adapter or model,
                               token_text_of(tokenizer))
-    return ChatJob(request, gen, context, ChatOptions.for_request(request, fmt))
+    return ChatJob(request, gen, context, options)
 
 
 def prepare_completion(body: Any, tokenizer: Tokenizer, model: str,

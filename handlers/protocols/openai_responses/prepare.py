@@ -18,7 +18,13 @@ from pydantic import TypeAdapter, ValidationError
 
 from handlers.engine.base import Tokenizer
 from handlers.engine.types import GenerationRequest, StructuredOutput
-from handlers.protocols.chat.answer import PLAIN, ChatFormat, ChatOptions, ResponseContext
+from handlers.protocols.chat.answer import (
+    PLAIN,
+    ChatFormat,
+    ChatOptions,
+    ResponseContext,
+    think_first,
+)
 from handlers.protocols.chat.errors import OpenAIError, check_model, from_validation_error
 from handlers.protocols.chat.logprobs import token_text_of
 from handlers.protocols.chat.params import chat_sampling_params
@@ -77,6 +83,7 @@ def prepare_response(body: Any, tokenizer: Tokenizer, model: str, history: Histo
     ctx = ResponseContext(f"resp_{gen.request_id}", int(time.time()), adapter or model,
                           token_text_of(tokenizer))
     chat_options = ChatOptions.for_request(chat, dataclasses.replace(fmt, full_text=False))
+    think_first(params, chat_options, None, "reasoning")
     options = ResponseOptions(ctx, echo_fields(request), chat_options, request.logprobs,
                               request.top_logprobs or 0)
     stored = [item.model_dump(by_alias=True, exclude_none=True) for item in items]

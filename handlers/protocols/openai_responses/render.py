@@ -135,7 +135,13 @@ class ResponsesStream:
              output_tokens: int) -> list[dict[str, Any]]:
         """One sequence's new tokens (n is 1); with `reason`, the request finished."""
         text = "".join(t.text for t in tokens)
-        events = self._arguments(text) if self.named else self._text(text, tokens, reason)
+        if self.named:
+            split = self.parts.split(text, reason is not None)
+            events = self._think(split.reasoning) if split.reasoning else []
+            if split.content:
+                events += self._close_reasoning("completed") + self._arguments(split.content)
+        else:
+            events = self._text(text, tokens, reason)
         if reason is not None:
             events += self._finish(reason, prompt_tokens, output_tokens)
         return events
