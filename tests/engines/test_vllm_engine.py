@@ -250,3 +250,14 @@ def test_an_unknown_adapter_is_a_404_and_models_lists_the_adapter(lora_url):
     assert header.status_code == 404 and "'nope'" in header.json()["error"]
     models = httpx.get(f"{lora_url}/v1/models", timeout=60).json()["data"]
     assert [(m["id"], m.get("parent")) for m in models] == [(MODEL, None), (ADAPTER, MODEL)]
+
+
+def test_a_reasoning_parser_without_think_tokens_stops_startup_by_name(tmp_path, tiny_dir):
+    """vLLM's reasoning parsers find the thinking by its tokens; the tiny model's tokenizer has
+    none, which startup says in the setting's terms before vLLM starts."""
+    from handlers.engine.vllm.build import build
+
+    given = config(tmp_path, f"option.model_id={tiny_dir}", "option.reasoning_parser=qwen3")
+    with pytest.raises(ConfigError, match=r"option.reasoning_parser=qwen3 \(command line\): "
+                                          "this model's tokenizer has no <think> or </think>"):
+        build(given)

@@ -35,11 +35,27 @@ def build(config: Config) -> EngineBuild:
         args = AsyncEngineArgs(**kwargs)
     except (TypeError, ValueError) as exc:  # a conflicting pair of arguments, a bad value
         raise ConfigError(f"vLLM refuses its engine arguments: {exc}") from exc
+    hf_tokenizer = tokenizer(config, model_dir)
+    _check_reasoning_tokens(config, hf_tokenizer)
     llm = AsyncLLMEngine.from_engine_args(args)
-    engine = VllmEngine(llm, tokenizer(config, model_dir), config.model_name,
+    engine = VllmEngine(llm, hf_tokenizer, config.model_name,
                         stall_timeout=config.engine_stall_timeout or None,
                         adapters=[(a.name, str(a.path)) for a in config.adapters])
     return EngineBuild(engine)
+
+
+def _check_reasoning_tokens(config: Config, hf: HFTokenizer) -> None:
+    """vLLM's reasoning parsers find the thinking by its tokens: a tokenizer without them stops
+    vLLM deep in its start; say so first, by name."""
+    if config.reasoning_parser is None:
+        return
+    vocabulary = hf.hf.get_vocab()
+    missing = [tag for tag in ("<think>", "</think>") if tag not in vocabulary]
+    if missing:
+        raise ConfigError(f"option.reasoning_parser={config.reasoning_parser} "
+                          f"({config.sources['reasoning_parser']}): this model's tokenizer has "
+                          f"no {' or '.join(missing)} token, which vLLM's parser needs (the "
+                          "torch engine reads the thinking from the text)")
 
 
 def _log_adapters(config: Config) -> None:
