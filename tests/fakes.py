@@ -66,9 +66,10 @@ class FakeTokenizer:
     vocab_size = 100_000
     eos_token_ids = frozenset({EOS_ID})
 
-    def __init__(self) -> None:
+    def __init__(self, template: str = "") -> None:
         self._ids: dict[str, int] = {}
         self._words: dict[int, str] = {EOS_ID: "</s>"}
+        self.template = template or CHAT_TEMPLATE  # a model family's, in tests of formats
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [self._id(word) for word in text.split()]  # it has no special tokens to add
@@ -81,7 +82,7 @@ class FakeTokenizer:
         return [self._words.get(i, f"<{i}>") for i in ids]  # an id never seen is no word yet
 
     def chat_template(self, tools: list[dict[str, Any]] | None = None) -> str:
-        return CHAT_TEMPLATE
+        return self.template
 
     def render_chat(self, template: str, messages: list[dict[str, Any]], *,
                     tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
