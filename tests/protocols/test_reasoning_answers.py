@@ -189,9 +189,23 @@ def test_a_thinking_budget_not_below_max_tokens_is_refused_as_anthropic_does(ser
 def thinking_server(tiny_dir):
     """The tiny random model served as a DeepSeek-R1-shaped reasoning model: its thinking never
     ends by itself, so a thinking budget ends it."""
-    with running_server(f"option.model_id={tiny_dir}", "option.reasoning_parser=deepseek_r1",
-                        "option.embedding_model_id=none", "option.dtype=fp32") as url:
+    with running_server(f"option.model_id={tiny_dir}", "option.embedding_model_id=none",
+                        "option.dtype=fp32", env={"OPTION_REASONING_PARSER": "deepseek_r1"}) as url:
         yield url
+
+
+def test_a_real_server_answers_unclosed_thinking_as_reasoning_only(thinking_server):
+    """OPTION_REASONING_PARSER=deepseek_r1 on a served model that never closes its thinking:
+    the answer is all `reasoning_content`, no `content`, streamed as reasoning deltas."""
+    client = chat_client(thinking_server)
+    body = {"model": "tiny-llama", "messages": CHAT, "max_tokens": 12, "temperature": 0}
+    message = client.chat.completions.create(**body).choices[0].message
+    assert message.reasoning_content and message.content is None
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**body, stream=True)
+              if c.choices]
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == \
+        message.reasoning_content
+    assert not "".join(d.content or "" for d in deltas)
 
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
