@@ -108,4 +108,6 @@ async def test_a_thousand_requests_a_third_aborted_and_a_third_timed_out_leak_no
     assert not batcher.waiting and not batcher.prefilling and not batcher.decoding
     assert batcher.stats()["kv_cache_slots_in_use"] == 0
     assert batcher.runner.cache.capacity == batcher.runner.cache.initial_len  # grown, given back
-    assert after == before
+    # Files and server tasks come back to their count; threads may be fewer (anyio ends a
+    # worker thread idle for 10 s, which a slow machine's second run gives it), never more.
+    assert (after[0], after[2]) == (before[0], before[2]) and after[1] <= before[1]
