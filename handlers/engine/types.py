@@ -106,10 +106,10 @@ class SamplingParams:
     best_of: int | None = None  # sequences generated (>= n); the best n by log-probability win
     structured: StructuredOutput | None = None  # constrained decoding (each sequence on its own)
     watermark: bool = False  # bias sampling to a green list a detector can recognise (TGI's)
-    # A reasoning model thinks first: its output is thinking until this text (e.g. "</think>"),
-    # and `structured` constrains only what follows it. None: no thinking to wait for.
-    thinking_end: str | None = None
-    max_thinking_tokens: int | None = None  # spent: `thinking_end` is written next, forced
+    # A reasoning model thinks first: its output is thinking until one of these texts (e.g.
+    # "</think>"), and `structured` constrains only what follows. (): no thinking to wait for.
+    thinking_end: tuple[str, ...] = ()
+    max_thinking_tokens: int | None = None  # spent: the first `thinking_end` is forced next
 
     @property
     def num_sequences(self) -> int:

@@ -269,7 +269,7 @@ async def test_the_grammar_applies_after_the_thinking_and_a_budget_ends_it(engin
     thinking's end. The tiny model never writes `</think>` itself, so its thinking budget (in
     tokens) closes it: exactly `budget` free tokens, then `</think>`, then the JSON."""
     for seed in range(3):
-        [seq] = await run(engine, json_schema(PERSON), thinking_end="</think>",
+        [seq] = await run(engine, json_schema(PERSON), thinking_end=("</think>",),
                           max_thinking_tokens=budget, **sampled(seed))
         thinking, end, answer = seq["text"].partition("</think>")
         assert end, seq["text"]
@@ -281,6 +281,6 @@ async def test_the_grammar_applies_after_the_thinking_and_a_budget_ends_it(engin
 
 
 async def test_without_a_budget_an_unclosed_thinking_is_never_constrained(engine):
-    [seq] = await run(engine, json_schema(PERSON), thinking_end="</think>",
+    [seq] = await run(engine, json_schema(PERSON), thinking_end=("</think>",),
                       **sampled(0, max_new_tokens=12))
     assert "</think>" not in seq["text"] and seq["finish"] == FinishReason.LENGTH

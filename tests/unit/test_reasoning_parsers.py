@@ -27,6 +27,13 @@ CASES = [
     ("qwen3", "\n\n<think>\n\n</think>\n\nIt is 4.", "\n\n", "\n\nIt is 4."),
     ("qwen3", "<thin", "", "<thin"),  # the beginning of a tag, and then the end
     ("qwen3", "<think>unclosed", "unclosed", ""),
+    # Granite: thinking between its two sentences
+    ("granite", f"Here is my thought process:\n{THOUGHT}\nHere is my response:\nIt is 4.",
+     f"\n{THOUGHT}\n", "\nIt is 4."),
+    ("granite", f"Here's my thought process: {THOUGHT} Here's my response: 4", f" {THOUGHT} ",
+     " 4"),
+    ("granite", "It is 4.", "", "It is 4."),
+    ("granite", "Here is my", "", "Here is my"),
 ]
 
 
@@ -103,7 +110,7 @@ def test_a_truncated_call_stays_text(pieces):
 
 def test_an_unknown_parser_stops_startup_naming_the_key_and_the_names(tmp_path):
     argv = ["--model-dir", str(tmp_path), "--option", "option.reasoning_parser=deepseek"]
-    with pytest.raises(ConfigError, match=r"option.reasoning_parser.*deepseek_r1, qwen3"):
+    with pytest.raises(ConfigError, match=r"option.reasoning_parser.*deepseek_r1, qwen3, granite"):
         load_config(parse_args(argv), env={})
     argv[-1] = "option.reasoning_parser=qwen3"
     assert load_config(parse_args(argv), env={}).reasoning_parser == "qwen3"

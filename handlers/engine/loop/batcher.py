@@ -227,9 +227,9 @@ class ContinuousBatcher:
         return state
 
     def _thinking(self, params: SamplingParams) -> Thinking | None:
-        if params.thinking_end is None:
+        if not params.thinking_end:
             return None
-        end_ids = self.tokenizer.encode(params.thinking_end, add_special_tokens=False)
+        end_ids = self.tokenizer.encode(params.thinking_end[0], add_special_tokens=False)
         return Thinking(params.thinking_end, end_ids, params.max_thinking_tokens)
 
     def _fail_unstarted(self, request: GenerationRequest, exc: Exception) -> None:
@@ -344,7 +344,7 @@ class ContinuousBatcher:
         rows = state.sequences
         logits = logits.expand(len(rows), -1)
         params = state.request.params
-        if params.structured is not None or params.thinking_end is not None:
+        if params.structured is not None or params.thinking_end:
             logits = logits.clone()  # each sequence masks its own row (grammar, forced end)
         self._sample_rows(logits, rows)
 

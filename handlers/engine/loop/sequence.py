@@ -77,10 +77,10 @@ class Sequence:
 
 @dataclass
 class Thinking:
-    """Where a sequence is in its thinking: over once `end` was generated; past `budget`
-    tokens, `end`'s tokens (`end_ids`) are forced one by one."""
+    """Where a sequence is in its thinking: over once one of `ends` was generated; past
+    `budget` tokens, the first end's tokens (`end_ids`) are forced one by one."""
 
-    end: str
+    ends: tuple[str, ...]
     end_ids: list[int]
     budget: int | None = None
     spent: int = 0
@@ -92,10 +92,10 @@ class Thinking:
         if self.over:
             return
         self.spent += 1
-        self._tail = (self._tail + text)[-4 * len(self.end):]
+        self._tail = (self._tail + text)[-4 * max(map(len, self.ends)):]
         if self._forced and self._forced[0] == token_id:
             self._forced.pop(0)
-        if self.end in self._tail:
+        if any(end in self._tail for end in self.ends):
             self.over, self._forced = True, []
         elif self.budget is not None and self.spent >= self.budget and not self._forced:
             self._forced = list(self.end_ids)

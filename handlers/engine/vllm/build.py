@@ -45,9 +45,9 @@ def build(config: Config) -> EngineBuild:
 
 
 def _check_reasoning_tokens(config: Config, hf: HFTokenizer) -> None:
-    """vLLM's reasoning parsers find the thinking by its tokens: a tokenizer without them stops
-    vLLM deep in its start; say so first, by name."""
-    if config.reasoning_parser is None:
+    """vLLM's `<think>` parsers find the thinking by its tokens: a tokenizer without them
+    stops vLLM deep in its start; say so first, by name."""
+    if config.reasoning_parser not in ("deepseek_r1", "qwen3"):  # granite's are phrases
         return
     vocabulary = hf.hf.get_vocab()
     missing = [tag for tag in ("<think>", "</think>") if tag not in vocabulary]

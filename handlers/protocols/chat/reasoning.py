@@ -1,7 +1,7 @@
 """Reasoning parsers (`option.reasoning_parser`, vLLM's names): a reasoning model's output
 split into its thinking and its answer, as the text streams.
 
-Both families here mark the thinking with `<think>` … `</think>`; they differ in where it
+The `<think>` families mark the thinking with `<think>` … `</think>`; they differ in where it
 starts, as vLLM's parsers of the same names do:
 
 - `deepseek_r1`: DeepSeek-R1's chat template opens the thinking in the prompt, so the output
@@ -10,6 +10,9 @@ starts, as vLLM's parsers of the same names do:
 - `qwen3`: thinking only inside `<think>` … `</think>` written by the model; an output without
   `<think>` is all answer (the template's thinking switched off, or a model that answered
   straight away).
+- `granite` (Granite 3.2's thinking mode): thinking after "Here is my thought process:" (or
+  "Here's …") until "Here is my response:" (or "Here's …"); an output that does not open with
+  it is all answer.
 
 `ReasoningSplitter.feed` takes the text as it streams and returns what is known to be thinking
 and answer so far; a tail that may begin a tag is held until the next piece says what it is.
@@ -18,13 +21,18 @@ Whatever way the text is cut into pieces, the parts it returns join to the same 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from handlers.config.keys import REASONING_PARSERS
 
 OPEN, CLOSE = "<think>", "</think>"
-THINKING_END = CLOSE  # what the engine waits for before it constrains the answer
+
+
+@dataclass(frozen=True)
+class Markers:
+    opens: tuple[str, ...]  # what opens the thinking (the first is the family's own)
+    closes: tuple[str, ...]  # what ends it: the engine waits for one before the grammar
+    thinking_first: bool  # the template opened the thinking: the output starts inside it
 
 
 @dataclass
@@ -37,14 +45,14 @@ class Split:
 
 
 class ReasoningSplitter:
-    """One output's text into thinking and answer. `thinking_first`: the output starts inside
-    the thinking (DeepSeek-R1's template opened it)."""
+    """One output's text into thinking and answer, by a family's markers."""
 
-    def __init__(self, thinking_first: bool) -> None:
-        # before: a leading `<think>` may still come (thinking_first: dropped; else it opens
-        # the thinking); thinking: until `</think>`; answer: the rest.
+    def __init__(self, markers: Markers) -> None:
+        # before: an opening may still come (thinking_first: dropped; else it opens the
+        # thinking); thinking: until a closing; answer: the rest.
         self._state = "before"
-        self._thinking_first = thinking_first
+        self._markers = markers
+        self._thinking_first = markers.thinking_first
         self._held = ""
 
     def feed(self, text: str) -> Split:
@@ -75,22 +83,26 @@ class ReasoningSplitter:
 
     def _before(self) -> Split | None:
         stripped = self._held.lstrip()
-        if not stripped or (len(stripped) < len(OPEN) and OPEN.startswith(stripped)):
-            return None  # whitespace, or the beginning of `<think>`: wait
-        if stripped.startswith(OPEN):
-            self._held = stripped[len(OPEN):]
+        opens = self._markers.opens
+        if not stripped or any(len(stripped) < len(o) and o.startswith(stripped) for o in opens):
+            return None  # whitespace, or the beginning of an opening: wait
+        opening = next((o for o in opens if stripped.startswith(o)), None)
+        if opening is not None:
+            self._held = stripped[len(opening):]
             self._state = "thinking"
             return Split()
         self._state = "thinking" if self._thinking_first else "answer"
         return Split()
 
     def _thinking(self) -> Split | None:
-        end = self._held.find(CLOSE)
-        if end >= 0:
-            reasoning, self._held = self._held[:end], self._held[end + len(CLOSE):]
+        found = [(at, close) for close in self._markers.closes
+                 if (at := self._held.find(close)) >= 0]
+        if found:
+            end, close = min(found)
+            reasoning, self._held = self._held[:end], self._held[end + len(close):]
             self._state = "answer"
             return Split(reasoning=reasoning)
-        keep = _tag_prefix_length(self._held, CLOSE)
+        keep = max(_tag_prefix_length(self._held, close) for close in self._markers.closes)
         cut = len(self._held) - keep
         if cut == 0:
             return None
@@ -106,13 +118,20 @@ def _tag_prefix_length(text: str, tag: str) -> int:
     return 0
 
 
-PARSERS: dict[str, Callable[[], ReasoningSplitter]] = {
-    "deepseek_r1": lambda: ReasoningSplitter(thinking_first=True),
-    "qwen3": lambda: ReasoningSplitter(thinking_first=False),
+MARKERS = {
+    "deepseek_r1": Markers((OPEN,), (CLOSE,), thinking_first=True),
+    "qwen3": Markers((OPEN,), (CLOSE,), thinking_first=False),
+    "granite": Markers(("Here is my thought process:", "Here's my thought process:"),
+                       ("Here is my response:", "Here's my response:"), thinking_first=False),
 }
-assert set(PARSERS) == set(REASONING_PARSERS), "config/keys.py names the parsers served here"
+assert set(MARKERS) == set(REASONING_PARSERS), "config/keys.py names the parsers served here"
 
 
 def splitter(name: str | None) -> ReasoningSplitter | None:
     """The parser `option.reasoning_parser` names; None: no parser, the text is all answer."""
-    return None if name is None else PARSERS[name]()
+    return None if name is None else ReasoningSplitter(MARKERS[name])
+
+
+def thinking_ends(name: str) -> tuple[str, ...]:
+    """What ends the thinking of parser `name`'s family (the engine waits for one)."""
+    return MARKERS[name].closes
