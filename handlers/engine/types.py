@@ -109,6 +109,9 @@ class SamplingParams:
     # A reasoning model thinks first: its output is thinking until one of these texts (e.g.
     # "</think>"), and `structured` constrains only what follows. (): no thinking to wait for.
     thinking_end: tuple[str, ...] = ()
+    # What opens the thinking when the model decides to think (Qwen3 writes `<think>` itself):
+    # its first token is then allowed beside the grammar's. (): thinking from the first token.
+    thinking_start: tuple[str, ...] = ()
     max_thinking_tokens: int | None = None  # spent: the first `thinking_end` is forced next
 
     @property

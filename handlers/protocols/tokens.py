@@ -49,6 +49,7 @@ class TokenizeChatRequest(_TokensRequest):
     tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     add_generation_prompt: bool | None = None  # null: true unless continuing the last message
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = Field(None, max_length=64)  # as on chat
     add_special_tokens: bool = False
     return_token_strs: bool = False
 
@@ -90,7 +91,8 @@ def _chat_prompt(request: TokenizeChatRequest, tokenizer: Tokenizer) -> str:
     chat = ChatCompletionRequest.model_construct(
         messages=request.messages, tools=request.tools,
         add_generation_prompt=request.add_generation_prompt,
-        continue_final_message=request.continue_final_message)
+        continue_final_message=request.continue_final_message,
+        chat_template_kwargs=request.chat_template_kwargs)
     return render_chat_prompt(tokenizer, chat)
 
 

@@ -284,3 +284,13 @@ async def test_without_a_budget_an_unclosed_thinking_is_never_constrained(engine
     [seq] = await run(engine, json_schema(PERSON), thinking_end=("</think>",),
                       **sampled(0, max_new_tokens=12))
     assert "</think>" not in seq["text"] and seq["finish"] == FinishReason.LENGTH
+
+
+async def test_a_model_that_may_open_its_thinking_answers_json_either_way(engine):
+    """Qwen3's way: thinking only when the model opens it. The tiny model's tokenizer spells
+    `<think>` in several tokens, which cannot be allowed beside the grammar: the answer is
+    constrained from its first token."""
+    for seed in range(3):
+        [seq] = await run(engine, json_schema(PERSON), thinking_end=("</think>",),
+                          thinking_start=("<think>",), max_thinking_tokens=4, **sampled(seed))
+        jsonschema.validate(json.loads(seq["text"]), PERSON)

@@ -1,10 +1,10 @@
-"""Five model families' chat formats, end to end through the server: each family's chat
-template (written for these tests in the family's shape, not copied from a model repository)
-renders the offered tools, the assistant's past calls and the tool results natively, and the
-family's output (scripted, as the model would write it) comes back as OpenAI `tool_calls` and
-reasoning with the parsers the family is served with (option.tool_call_parser,
-option.reasoning_parser). A template that renders no tools (Gemma 3's) gets them in the system
-message, in the default `<tool_call>` format."""
+"""Five model families' chat formats, end to end through the server: each family's chat template
+(written for these tests in the family's shape, not copied from a model repository) renders the
+offered tools, the assistant's past calls and the tool results natively, and the family's output
+(scripted, as the model would write it; the templates: tests/family_templates.py) comes back as
+OpenAI `tool_calls` and reasoning with the parsers the family is served with
+(option.tool_call_parser, option.reasoning_parser). A template that renders no tools (Gemma 3's)
+gets them in the system message, in the default `<tool_call>` format."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import openai
 import pytest
 from fakes import FakeTokenizer, ScriptedEngine, served_app
+from family_templates import DEEPSEEK_R1, GEMMA3, LLAMA3, MISTRAL, QWEN3
 from server_process import serving
 
 MODEL = "fake-model"
@@ -28,77 +29,6 @@ HISTORY = [
     {"role": "tool", "tool_call_id": "call_1", "content": "Snow, -3 C"},
     {"role": "user", "content": "And in Paris?"},
 ]
-
-QWEN3 = """{%- if tools %}<|im_start|>system
-# Tools
-<tools>
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}
-</tools><|im_end|>
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == "tool" %}<|im_start|>user
-<tool_response>
-{{ m.content }}
-</tool_response><|im_end|>
-{% elif m.role == "assistant" and m.tool_calls %}<|im_start|>assistant
-{%- for call in m.tool_calls %}
-<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
-{%- endfor %}<|im_end|>
-{% else %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{%- if enable_thinking is defined and not enable_thinking %}
-<think>
-
-</think>
-{% endif %}{% endif %}"""
-
-LLAMA3 = """<|begin_of_text|>{%- if tools %}<|start_header_id|>system<|end_header_id|>
-Environment: ipython<|eot_id|>{% endif %}
-{%- for m in messages %}
-{%- if loop.first and tools %}<|start_header_id|>user<|end_header_id|>
-Use these functions:
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}{{ m.content }}<|eot_id|>
-{%- elif m.role == "tool" %}<|start_header_id|>ipython<|end_header_id|>
-{{ m.content }}<|eot_id|>
-{%- elif m.tool_calls %}<|start_header_id|>assistant<|end_header_id|>
-{% for call in m.tool_calls %}{"name": "{{ call.function.name }}", "parameters": \
-{{ call.function.arguments | tojson }}}{% endfor %}<|eot_id|>
-{%- else %}<|start_header_id|>{{ m.role }}<|end_header_id|>
-{{ m.content }}<|eot_id|>
-{%- endif %}{%- endfor %}
-{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
-{% endif %}"""
-
-MISTRAL = """<s>{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
-{%- for m in messages %}
-{%- if m.role == "user" %}[INST]{{ m.content }}[/INST]
-{%- elif m.role == "tool" %}[TOOL_RESULTS]{"content": {{ m.content | tojson }}, \
-"call_id": "{{ m.tool_call_id }}"}[/TOOL_RESULTS]
-{%- elif m.tool_calls %}[TOOL_CALLS][{% for call in m.tool_calls %}{"name": \
-"{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}, "id": \
-"{{ call.id }}"}{% endfor %}]</s>
-{%- else %}{{ m.content }}</s>{% endif %}{%- endfor %}"""
-
-GEMMA3 = """<bos>{%- for m in messages %}<start_of_turn>{{ "model" if m.role == "assistant" \
-else m.role }}
-{{ m.content }}<end_of_turn>
-{% endfor %}{%- if add_generation_prompt %}<start_of_turn>model
-{% endif %}"""
-
-DEEPSEEK_R1 = """{%- for m in messages %}{%- if m.role == "user" %}<｜User｜>{{ m.content }}
-{%- elif m.role == "assistant" %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>
-{%- else %}{{ m.content }}{% endif %}{%- endfor %}
-{%- if add_generation_prompt %}<｜Assistant｜><think>
-{% endif %}"""
-
 
 @dataclass(frozen=True)
 class Family:

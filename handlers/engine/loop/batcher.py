@@ -230,7 +230,13 @@ class ContinuousBatcher:
         if not params.thinking_end:
             return None
         end_ids = self.tokenizer.encode(params.thinking_end[0], add_special_tokens=False)
-        return Thinking(params.thinking_end, end_ids, params.max_thinking_tokens)
+        thinking = Thinking(params.thinking_end, end_ids, params.max_thinking_tokens)
+        if params.thinking_start:
+            opening = self.tokenizer.encode(params.thinking_start[0], add_special_tokens=False)
+            # An opening of several tokens cannot be allowed beside a grammar: no thinking.
+            thinking = Thinking(params.thinking_end, end_ids, params.max_thinking_tokens,
+                                open_id=opening[0] if len(opening) == 1 else -1)
+        return thinking
 
     def _fail_unstarted(self, request: GenerationRequest, exc: Exception) -> None:
         error = SequenceOutput(index=0, tokens=[], finish_reason=FinishReason.ERROR,
@@ -404,15 +410,18 @@ class ContinuousBatcher:
         if not rows:
             return
         try:
+            opening = _thinking_openings(logits, rows)
             mask_logits(logits, [seq.constraint for seq in rows])
-            _force_thinking_end(logits, rows)
+            _force_thinking_end(logits, rows, opening)
             result = sampling.sample(logits, [seq.sampler for seq in rows])
         except Exception:
             log.exception("batched sampling failed; sampling row by row")
             for i, seq in enumerate(rows):
                 try:
-                    mask_logits(logits[i : i + 1], [seq.constraint])  # masking is idempotent
-                    _force_thinking_end(logits[i : i + 1], [seq])
+                    row = logits[i : i + 1]
+                    opening = _thinking_openings(row, [seq])
+                    mask_logits(row, [seq.constraint])  # masking is idempotent
+                    _force_thinking_end(row, [seq], opening)
                     one = sampling.sample(logits[i : i + 1], [seq.sampler])
                     self._append(seq, one.token_ids[0], one.logprobs[0], one.top[0])
                 except Exception as exc:
@@ -428,7 +437,9 @@ class ContinuousBatcher:
     def _append(self, seq: Sequence, token_id: int, logprob: float,
                 top: list[tuple[int, float]]) -> None:
         """Record a sampled token, release its text, and decide whether the sequence stops."""
-        grammar = seq.constraint
+        thinking = seq.thinking
+        opens = thinking is not None and thinking.undecided and token_id == thinking.open_id
+        grammar = None if opens else seq.constraint
         if grammar is not None and not grammar.accept(token_id):
             self._grammar_rejected(seq, token_id)
             return
@@ -493,9 +504,25 @@ class ContinuousBatcher:
             self.counters["finished_requests"] += 1
 
 
-def _force_thinking_end(logits: torch.Tensor, rows: list[Sequence]) -> None:
-    """Rows whose thinking budget is spent may take only the next token of the thinking's
-    end."""
+def _thinking_openings(logits: torch.Tensor, rows: list[Sequence]
+                       ) -> list[tuple[int, int, torch.Tensor]]:
+    """(row, token, logit) of the thinking's opening for rows whose first token decides
+    whether they think: it stays allowed beside the grammar's tokens."""
+    openings = []
+    for i, seq in enumerate(rows):
+        thinking = seq.thinking
+        if thinking is not None and thinking.undecided and thinking.open_id >= 0:
+            openings.append((i, thinking.open_id, logits[i, thinking.open_id].clone()))
+    return openings
+
+
+def _force_thinking_end(logits: torch.Tensor, rows: list[Sequence],
+                        openings: list[tuple[int, int, torch.Tensor]]) -> None:
+    """After the grammar's mask: the thinking's opening allowed again where it may come
+    (`openings`), and rows whose thinking budget is spent left only the next token of the
+    thinking's end."""
+    for i, token, logit in openings:
+        logits[i, token] = logit
     for i, seq in enumerate(rows):
         forced = seq.thinking.forced if seq.thinking is not None else None
         if forced is not None:

@@ -43,7 +43,9 @@ class Sequence:
     @property
     def constraint(self) -> SequenceGrammar | None:
         """The grammar that constrains the next token: none while the model thinks."""
-        return None if self.thinking is not None and not self.thinking.over else self.grammar
+        thinking = self.thinking
+        return None if thinking is not None and thinking.started and not thinking.over \
+            else self.grammar
 
     @property
     def finished(self) -> bool:
@@ -78,17 +80,31 @@ class Sequence:
 @dataclass
 class Thinking:
     """Where a sequence is in its thinking: over once one of `ends` was generated; past
-    `budget` tokens, the first end's tokens (`end_ids`) are forced one by one."""
+    `budget` tokens, the first end's tokens (`end_ids`) are forced one by one. With
+    `open_id`, thinking starts only when the first token is that opening (Qwen3's `<think>`);
+    any other first token is the answer's."""
 
     ends: tuple[str, ...]
     end_ids: list[int]
     budget: int | None = None
+    open_id: int | None = None
     spent: int = 0
     over: bool = False
+    started: bool = True  # False until the first token says (with `open_id`)
     _tail: str = ""  # the last characters generated, to find `end` across tokens
     _forced: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.started = self.open_id is None
+
+    @property
+    def undecided(self) -> bool:
+        return not self.started and not self.over
+
     def add(self, token_id: int, text: str) -> None:
+        if self.undecided:  # the first token: the opening, or the answer begins
+            self.started, self.over = token_id == self.open_id, token_id != self.open_id
+            return
         if self.over:
             return
         self.spent += 1

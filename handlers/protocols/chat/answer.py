@@ -11,7 +11,7 @@ from handlers.engine.types import SamplingParams
 from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.chat.logprobs import TokenText
 from handlers.protocols.chat.prompt import echoed_text
-from handlers.protocols.chat.reasoning import Split, splitter, thinking_ends
+from handlers.protocols.chat.reasoning import Split, splitter, thinking_marks
 from handlers.protocols.chat.requests import ChatCompletionRequest, NamedToolChoice
 from handlers.protocols.chat.tool_calls import ParsedCall, arguments_call, parse_calls_json
 from handlers.protocols.chat.tool_parsers import call_parser
@@ -141,7 +141,7 @@ def think_first(params: SamplingParams, options: ChatOptions, budget: int | None
                               "option.reasoning_parser, or the request switched thinking off)",
                               field, code="unsupported_value")
         return
-    params.thinking_end = thinking_ends(options.reasoning_parser)
+    params.thinking_end, params.thinking_start = thinking_marks(options.reasoning_parser)
     params.max_thinking_tokens = budget
 
 

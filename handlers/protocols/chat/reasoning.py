@@ -132,6 +132,8 @@ def splitter(name: str | None) -> ReasoningSplitter | None:
     return None if name is None else ReasoningSplitter(MARKERS[name])
 
 
-def thinking_ends(name: str) -> tuple[str, ...]:
-    """What ends the thinking of parser `name`'s family (the engine waits for one)."""
-    return MARKERS[name].closes
+def thinking_marks(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What ends the thinking of parser `name`'s family (the engine waits for one), and what
+    opens it where the model decides to think (none: the output starts inside it)."""
+    markers = MARKERS[name]
+    return markers.closes, () if markers.thinking_first else markers.opens
