@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from handlers.config.keys import REASONING_PARSERS
+from handlers.protocols.chat.tags import partial_tag_length
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -102,20 +103,12 @@ class ReasoningSplitter:
             reasoning, self._held = self._held[:end], self._held[end + len(close):]
             self._state = "answer"
             return Split(reasoning=reasoning)
-        keep = max(_tag_prefix_length(self._held, close) for close in self._markers.closes)
+        keep = max(partial_tag_length(self._held, close) for close in self._markers.closes)
         cut = len(self._held) - keep
         if cut == 0:
             return None
         reasoning, self._held = self._held[:cut], self._held[cut:]
         return Split(reasoning=reasoning)
-
-
-def _tag_prefix_length(text: str, tag: str) -> int:
-    """The length of the longest tail of `text` that begins `tag`."""
-    for size in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 MARKERS = {

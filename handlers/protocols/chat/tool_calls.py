@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.protocols.chat.requests import ToolCall
+from handlers.protocols.chat.tags import partial_tag_length
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -153,7 +154,7 @@ class ToolCallParser:
         while True:
             start = self._held.find(OPEN)
             if start < 0:
-                keep = _partial_tag_length(self._held)
+                keep = partial_tag_length(self._held, OPEN)
                 cut = len(self._held) - keep
                 content, self._held = content + self._held[:cut], self._held[cut:]
                 return content, calls
@@ -174,11 +175,3 @@ class ToolCallParser:
             return parse_call(json.loads(body), self.names)
         except ValueError:
             return None
-
-
-def _partial_tag_length(text: str) -> int:
-    """The length of the longest tail of `text` that begins the `<tool_call>` tag."""
-    for size in range(min(len(text), len(OPEN) - 1), 0, -1):
-        if OPEN.startswith(text[-size:]):
-            return size
-    return 0

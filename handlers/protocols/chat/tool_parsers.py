@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from handlers.config.keys import TOOL_CALL_PARSERS
+from handlers.protocols.chat.tags import partial_tag_length
 from handlers.protocols.chat.tool_calls import ParsedCall, ToolCallParser, parse_call
 
 
@@ -71,7 +72,7 @@ class _Tail:
         if at >= 0:
             self._calls = True
         else:
-            at = len(self._held) - (_prefix_length(self._held, self.marker)
+            at = len(self._held) - (partial_tag_length(self._held, self.marker)
                                     if self.marker else 0)
         content, self._held = self._held[:at], self._held[at:]
         return content
@@ -164,14 +165,6 @@ def _json_values(text: str, separator: str) -> list[Any] | None:
         except ValueError:
             return None
         values.append(value)
-
-
-def _prefix_length(text: str, tag: str) -> int:
-    """The length of the longest tail of `text` that begins `tag`."""
-    for size in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 def _mistral_id() -> str:
