@@ -64,6 +64,11 @@ def response_object(opts: ResponseOptions, status: str, output: list[dict[str, A
             "usage": None, **opts.echo, **fields}
 
 
+def _where(item: _Message | _Reasoning) -> dict[str, Any]:
+    """Where an event of a one-part item's content points."""
+    return {"item_id": item.id, "output_index": item.index, "content_index": 0}
+
+
 def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -179,26 +184,19 @@ class ResponsesStream:
     def _think(self, text: str) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if self._reasoning is None:
-            item = self._reasoning = _Reasoning(len(self.items))
-            where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
-            events += [self._event("response.output_item.added", output_index=item.index,
-                                   item=item.item("in_progress", [])),
-                       self._event("response.content_part.added", **where, part=item.part())]
+            self._reasoning = _Reasoning(len(self.items))
+            events = self._open_part_item(self._reasoning)
         item = self._reasoning
         item.text += text
-        return events + [self._event("response.reasoning_text.delta", item_id=item.id,
-                                     output_index=item.index, content_index=0, delta=text)]
+        return events + [self._event("response.reasoning_text.delta", **_where(item),
+                                     delta=text)]
 
     def _close_reasoning(self, status: str) -> list[dict[str, Any]]:
         item, self._reasoning = self._reasoning, None
         if item is None:
             return []
-        where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
-        done = item.item(status, [item.part()])
-        self.items.append(done)
-        return [self._event("response.reasoning_text.done", **where, text=item.text),
-                self._event("response.content_part.done", **where, part=item.part()),
-                self._event("response.output_item.done", output_index=item.index, item=done)]
+        return self._close_part_item(item, status, "response.reasoning_text.done",
+                                     text=item.text)
 
     def _logprobs(self, tokens: list[Token]) -> list[dict[str, Any]]:
         """Per token, when asked for and the text is the whole output (no tools in play)."""
@@ -219,30 +217,36 @@ class ResponsesStream:
         assert message is not None
         message.text += text
         message.logprobs += logprobs
-        events.append(self._event("response.output_text.delta", item_id=message.id,
-                                  output_index=message.index, content_index=0, delta=text,
+        events.append(self._event("response.output_text.delta", **_where(message), delta=text,
                                   logprobs=logprobs))
         return events
 
     def _open_message(self) -> list[dict[str, Any]]:
-        message = self._message = _Message(len(self.items))
-        where = {"item_id": message.id, "output_index": message.index, "content_index": 0}
-        return [self._event("response.output_item.added", output_index=message.index,
-                            item=message.item("in_progress", [])),
-                self._event("response.content_part.added", **where, part=message.part())]
+        self._message = _Message(len(self.items))
+        return self._open_part_item(self._message)
 
     def _close_message(self, status: str) -> list[dict[str, Any]]:
         message, self._message = self._message, None
         if message is None:
             return []
-        where = {"item_id": message.id, "output_index": message.index, "content_index": 0}
-        item = message.item(status, [message.part()])
-        self.items.append(item)
-        return [self._event("response.output_text.done", **where, text=message.text,
-                            logprobs=message.logprobs),
-                self._event("response.content_part.done", **where, part=message.part()),
-                self._event("response.output_item.done", output_index=message.index,
-                            item=item)]
+        return self._close_part_item(message, status, "response.output_text.done",
+                                     text=message.text, logprobs=message.logprobs)
+
+    def _open_part_item(self, item: _Message | _Reasoning) -> list[dict[str, Any]]:
+        """An item of one content part (a message's text, a reasoning's), opened."""
+        return [self._event("response.output_item.added", output_index=item.index,
+                            item=item.item("in_progress", [])),
+                self._event("response.content_part.added", **_where(item), part=item.part())]
+
+    def _close_part_item(self, item: _Message | _Reasoning, status: str, done: str,
+                         **whole: Any) -> list[dict[str, Any]]:
+        """Its part's `done` event with the `whole` of it, then the part's and the item's."""
+        closed = item.item(status, [item.part()])
+        self.items.append(closed)
+        return [self._event(done, **_where(item), **whole),
+                self._event("response.content_part.done", **_where(item), part=item.part()),
+                self._event("response.output_item.done", output_index=item.index,
+                            item=closed)]
 
     def _arguments(self, text: str) -> list[dict[str, Any]]:
         """A named function's arguments, streamed as they are generated."""
