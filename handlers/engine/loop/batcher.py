@@ -197,6 +197,7 @@ class ContinuousBatcher:
 
     def _new_state(self, request: GenerationRequest) -> RequestState:
         params, prompt = request.params, request.prompt_token_ids or []
+        thinking = self._thinking(params)
         sequences = [
             Sequence(
                 request_id=request.request_id,
@@ -214,7 +215,7 @@ class ContinuousBatcher:
                     include_stop_str_in_output=params.include_stop_str_in_output,
                 ),
                 grammar=self.grammars.start(params.structured) if params.structured else None,
-                thinking=self._thinking(params),
+                thinking=thinking(),
             )
             for i in range(params.num_sequences)
         ]
@@ -226,17 +227,18 @@ class ContinuousBatcher:
                                            logprob=None, special=prompt[0] in self.special_ids)]
         return state
 
-    def _thinking(self, params: SamplingParams) -> Thinking | None:
+    def _thinking(self, params: SamplingParams) -> Callable[[], Thinking | None]:
+        """What makes each sequence's Thinking (the markers tokenized once per request)."""
         if not params.thinking_end:
-            return None
+            return lambda: None
         end_ids = self.tokenizer.encode(params.thinking_end[0], add_special_tokens=False)
-        thinking = Thinking(params.thinking_end, end_ids, params.max_thinking_tokens)
+        open_id = None
         if params.thinking_start:
             opening = self.tokenizer.encode(params.thinking_start[0], add_special_tokens=False)
             # An opening of several tokens cannot be allowed beside a grammar: no thinking.
-            thinking = Thinking(params.thinking_end, end_ids, params.max_thinking_tokens,
-                                open_id=opening[0] if len(opening) == 1 else -1)
-        return thinking
+            open_id = opening[0] if len(opening) == 1 else -1
+        return lambda: Thinking(params.thinking_end, list(end_ids), params.max_thinking_tokens,
+                                open_id)
 
     def _fail_unstarted(self, request: GenerationRequest, exc: Exception) -> None:
         error = SequenceOutput(index=0, tokens=[], finish_reason=FinishReason.ERROR,
