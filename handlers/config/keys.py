@@ -47,7 +47,7 @@ _DTYPE = values.choice(
 _FORMATTER = values.choice("json", "jsonlines", "sse")
 # vLLM's names of the reasoning parsers the chat protocols apply (protocols/chat/reasoning.py).
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "granite")
-# ... and of the tool-call parsers (protocols/chat/tool_parsers.py).
+# ... and of the tool-call parsers (protocols/chat/tool_parsers/).
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 _ENGINE = values.choice("Python", "MPI")
 

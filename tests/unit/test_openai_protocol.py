@@ -34,7 +34,8 @@ from handlers.protocols.chat.structured import (
     required_calls_schema,
     structured_output,
 )
-from handlers.protocols.chat.tool_calls import ToolCallParser, format_call
+from handlers.protocols.chat.tool_calls import collect_calls, format_call
+from handlers.protocols.chat.tool_parsers import call_parser
 from handlers.protocols.openai import (
     ChatStream,
     CompletionOptions,
@@ -440,13 +441,13 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 
 def parse_all(text: str, pieces: int = 1) -> tuple[str, list]:
-    parser, content, calls = ToolCallParser(NAMES), "", []
+    parser, content, deltas = call_parser(None, NAMES), "", []
     size = max(1, len(text) // pieces)
     for start in range(0, len(text), size):
         more, found = parser.feed(text[start:start + size])
-        content, calls = content + more, calls + found
+        content, deltas = content + more, deltas + found
     more, found = parser.finish()
-    return content + more, calls + found
+    return content + more, collect_calls(deltas + found)
 
 
 @pytest.mark.parametrize("pieces", [1, 7, 1000])
@@ -478,7 +479,7 @@ def test_text_that_is_not_a_call_stays_text(text):
 
 
 def test_text_is_released_as_soon_as_it_cannot_be_a_call():
-    parser = ToolCallParser(NAMES)
+    parser = call_parser(None, NAMES)
     assert parser.feed("Hello <tool") == ("Hello ", [])
     assert parser.feed("box> there") == ("<toolbox> there", [])
 
@@ -489,8 +490,8 @@ def test_forced_calls_are_read_from_constrained_output():
     assert [(c.name, c.arguments) for c in named.finish()[1]] == [
         ("get_weather", '{"city": "Oslo"}')]
     required = ToolExtractor(ChatOptions(tool_mode="required", tool_names=frozenset(NAMES)))
-    required.feed('[{"name": "get_weather", "arguments": {"city": "Oslo"}}]')
-    assert [c.name for c in required.finish()[1]] == ["get_weather"]
+    _, deltas = required.feed('[{"name": "get_weather", "arguments": {"city": "Oslo"}}]')
+    assert [c.name for c in collect_calls(deltas + required.finish()[1])] == ["get_weather"]
 
 
 # -- rendering from engine outputs ----------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from handlers.config import ConfigError, load_config, parse_args
 from handlers.protocols.chat.answer import AnswerParts, ChatOptions
 from handlers.protocols.chat.reasoning import splitter
+from handlers.protocols.chat.tool_calls import collect_calls
 
 THOUGHT = "The user wants 2+2. That is 4."
 CASES = [
@@ -74,7 +75,7 @@ def parts(text: str, pieces: int = 1) -> tuple[str, str, list]:
         r, c, k = answer.feed(char)
         reasoning, content, calls = reasoning + r, content + c, calls + k
     r, c, k = answer.finish()
-    return reasoning + r, content + c, calls + k
+    return reasoning + r, content + c, collect_calls(calls + k)
 
 
 def call(arguments: dict) -> str:
@@ -101,11 +102,11 @@ def test_two_calls_with_nested_json_and_unicode(pieces):
 
 
 @pytest.mark.parametrize("pieces", [1, 0])
-def test_a_truncated_call_stays_text(pieces):
+def test_a_call_cut_off_after_the_thinking_keeps_what_was_written(pieces):
     text = 'Done.</think><tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
     reasoning, content, calls = parts(text, pieces)
-    assert reasoning == "Done." and calls == []
-    assert content == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    assert (reasoning, content) == ("Done.", "")
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Pa')]
 
 
 def test_an_unknown_parser_stops_startup_naming_the_key_and_the_names(tmp_path):

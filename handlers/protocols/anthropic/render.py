@@ -11,21 +11,23 @@ is cut off here. A stream holds back a tail of text that may begin a stop sequen
 may stream its first characters before it knows it matched.
 
 A stream is Anthropic's: `message_start`, then per block `content_block_start`,
-`content_block_delta` (`text_delta`, or one `input_json_delta` with a call's whole input: calls
-are known once their JSON is complete) and `content_block_stop`, then `message_delta` (stop
-reason and output tokens) and `message_stop`. The wire names each event by its `type`.
+`content_block_delta` (`text_delta`, or a call's input in `input_json_delta` pieces as it is
+generated) and `content_block_stop`, then `message_delta` (stop reason and output tokens) and
+`message_stop`. The wire names each event by its `type`. A call cut off by max_tokens keeps the
+input read so far (as the SDK's stream accumulator reads partial JSON).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_core import from_json
+
 from handlers.engine.types import FinishReason, RequestOutput, SequenceOutput
 from handlers.protocols.chat.answer import AnswerParts, ChatOptions
-from handlers.protocols.chat.tool_calls import ParsedCall
+from handlers.protocols.chat.tool_calls import CallDelta
 from handlers.protocols.outputs import Folded
 
 
@@ -53,10 +55,14 @@ def stop_reason(reason: FinishReason | None, stop: str | None, calls: bool) -> s
     return "stop_sequence" if stop is not None else "end_turn"
 
 
-def tool_use_block(call: ParsedCall, whole: bool) -> dict[str, Any]:
-    """A call's block: its `input` whole, or empty where a stream's delta carries it."""
-    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name,
-            "input": json.loads(call.arguments) if whole else {}}
+def tool_use_block(name: str, arguments: str = "{}") -> dict[str, Any]:
+    """A call's block with its `input` (empty where a stream's deltas carry it)."""
+    try:  # a call cut off keeps what was read, as the SDK's stream accumulator does
+        value = from_json(arguments or "{}", allow_partial=True)
+    except ValueError:
+        value = None
+    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": name,
+            "input": value if isinstance(value, dict) else {}}
 
 
 def thinking_block(thinking: str) -> dict[str, Any]:
@@ -78,7 +84,7 @@ def render_message(ctx: MessageContext, col: Folded) -> dict[str, Any]:
     shown = bool(content.strip() if calls else content)  # no blank text beside a tool call
     blocks = [thinking_block(reasoning)] if reasoning else []
     blocks += [{"type": "text", "text": content}] if shown else []
-    blocks += [tool_use_block(call, whole=True) for call in calls]
+    blocks += [tool_use_block(call.name, call.arguments) for call in calls]
     return message(ctx, blocks, stop_reason(seq.finish_reason, stop, bool(calls)), stop,
                    col.prompt_token_count, seq.generated_tokens)
 
@@ -93,7 +99,7 @@ class MessageStream:
     text: str = ""  # all text so far, to find the stop sequence at the end
     held: str = ""  # a tail that may begin a stop sequence
     blocks: int = 0  # content blocks started
-    open_block: str | None = None  # the last block started while open: "thinking" or "text"
+    open_block: str | None = None  # the block open: "thinking", "text" or "tool_use"
     calls: int = 0
 
     def __post_init__(self) -> None:
@@ -116,8 +122,7 @@ class MessageStream:
             reasoning, content, calls = reasoning + more_reasoning, content + tail, calls + more
         events = self._delta("thinking", reasoning) + self._delta("text", content)
         for call in calls:
-            events += self._close() + self._tool_use(call)
-        self.calls += len(calls)
+            events += self._tool_use(call)
         if not seq.finished:
             return events
         delta = {"stop_reason": stop_reason(seq.finish_reason, stop, self.calls > 0),
@@ -159,12 +164,18 @@ class MessageStream:
         self.open_block = None
         return [*events, {"type": "content_block_stop", "index": self.blocks - 1}]
 
-    def _tool_use(self, call: ParsedCall) -> list[dict[str, Any]]:
-        start = self._block_start(tool_use_block(call, whole=False))
-        delta = {"type": "input_json_delta", "partial_json": call.arguments}
-        index = self.blocks - 1
-        return [start, {"type": "content_block_delta", "index": index, "delta": delta},
-                {"type": "content_block_stop", "index": index}]
+    def _tool_use(self, call: CallDelta) -> list[dict[str, Any]]:
+        """A call's first delta opens its block; its arguments go out as they come."""
+        events = []
+        if call.name is not None:
+            self.calls += 1
+            events += self._close() + [self._block_start(tool_use_block(call.name))]
+            self.open_block = "tool_use"
+        if call.arguments:
+            delta = {"type": "input_json_delta", "partial_json": call.arguments}
+            events.append({"type": "content_block_delta", "index": self.blocks - 1,
+                           "delta": delta})
+        return events
 
     def _block_start(self, block: dict[str, Any]) -> dict[str, Any]:
         self.blocks += 1

@@ -13,7 +13,12 @@ from handlers.protocols.chat.logprobs import TokenText
 from handlers.protocols.chat.prompt import echoed_text
 from handlers.protocols.chat.reasoning import Split, splitter, thinking_marks
 from handlers.protocols.chat.requests import ChatCompletionRequest, NamedToolChoice
-from handlers.protocols.chat.tool_calls import ParsedCall, arguments_call, parse_calls_json
+from handlers.protocols.chat.tool_calls import (
+    CallDelta,
+    ParsedCall,
+    arguments_call,
+    collect_calls,
+)
 from handlers.protocols.chat.tool_parsers import call_parser
 
 
@@ -89,44 +94,39 @@ class ChatOptions:
 
 
 class ToolExtractor:
-    """Splits one choice's streamed text into content and tool calls, by `tool_mode`: auto
-    parses the text format in `tool_calls`; a forced call's (constrained) output is JSON, held
-    to the end: the named function's arguments, or a list of calls for `required`."""
+    """Splits one choice's streamed text into content and tool calls' deltas, by `tool_mode`:
+    auto reads the family's format (tool_parsers); a forced call's (constrained) output is
+    JSON: the calls for `required`, read as they stream, or the named function's arguments,
+    held to the end here (the chat routes stream them as they come, `AnswerParts.split`)."""
 
     def __init__(self, opts: ChatOptions) -> None:
         self.mode = opts.tool_mode
         self.names = set(opts.tool_names)
-        self.parser = call_parser(opts.tool_parser, self.names) if self.mode == "auto" else None
+        self.parser = call_parser(opts.tool_parser if self.mode == "auto" else None, self.names) \
+            if self.mode in ("auto", "required") else None
         self.single = not opts.parallel_calls
-        self.calls = 0  # given so far
         self.held = ""
 
-    def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         if self.parser is not None:
-            content, calls = self.parser.feed(text)
-            return content, self._allowed(calls)
+            content, deltas = self.parser.feed(text)
+            return content, self._allowed(deltas)
         if self.mode == "none":
             return text, []
         self.held += text
         return "", []
 
-    def _allowed(self, calls: list[ParsedCall]) -> list[ParsedCall]:
+    def _allowed(self, deltas: list[CallDelta]) -> list[CallDelta]:
         """With parallel_tool_calls false, the first call only."""
-        if self.single:
-            calls = calls[: max(0, 1 - self.calls)]
-        self.calls += len(calls)
-        return calls
+        return [d for d in deltas if d.index == 0] if self.single else deltas
 
-    def finish(self) -> tuple[str, list[ParsedCall]]:
+    def finish(self) -> tuple[str, list[CallDelta]]:
         if self.parser is not None:
-            content, calls = self.parser.finish()
-            return content, self._allowed(calls)
+            content, deltas = self.parser.finish()
+            return content, self._allowed(deltas)
         if self.mode == "named":
             call = arguments_call(next(iter(self.names)), self.held)
-            return ("", [call]) if call else (self.held, [])
-        if self.mode == "required":
-            calls = parse_calls_json(self.held, self.names)
-            return ("", calls) if calls else (self.held, [])
+            return ("", [CallDelta(0, call.arguments, call.name)]) if call else (self.held, [])
         return "", []
 
 
@@ -146,20 +146,20 @@ def think_first(params: SamplingParams, options: ChatOptions, budget: int | None
 
 
 class AnswerParts:
-    """One choice's streamed text into thinking, content and tool calls: the reasoning parser
-    first, so calls are parsed from the answer only (never from the thinking), then the tool
-    extractor over the answer."""
+    """One choice's streamed text into thinking, content and tool calls' deltas: the reasoning
+    parser first, so calls are parsed from the answer only (never from the thinking), then the
+    tool extractor over the answer."""
 
     def __init__(self, opts: ChatOptions) -> None:
         self.reasoning = splitter(opts.reasoning_parser)
         self.tools = ToolExtractor(opts)
 
-    def feed(self, text: str) -> tuple[str, str, list[ParsedCall]]:
+    def feed(self, text: str) -> tuple[str, str, list[CallDelta]]:
         split = self.reasoning.feed(text) if self.reasoning else Split(content=text)
         content, calls = self.tools.feed(split.content)
         return split.reasoning, content, calls
 
-    def finish(self) -> tuple[str, str, list[ParsedCall]]:
+    def finish(self) -> tuple[str, str, list[CallDelta]]:
         split = self.reasoning.finish() if self.reasoning else Split()
         content, calls = self.tools.feed(split.content)
         tail, more = self.tools.finish()
@@ -175,6 +175,6 @@ class AnswerParts:
 
     def whole(self, text: str) -> tuple[str, str, list[ParsedCall]]:
         """A whole output's parts."""
-        reasoning, content, calls = self.feed(text)
+        reasoning, content, deltas = self.feed(text)
         more_reasoning, tail, more = self.finish()
-        return reasoning + more_reasoning, content + tail, calls + more
+        return reasoning + more_reasoning, content + tail, collect_calls(deltas + more)

@@ -7,10 +7,7 @@ call as one block per call:
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-`ToolCallParser` reads calls back from the output: such blocks anywhere in it (the closing tag may
-be missing at the very end), or an output that is as a whole one JSON object
-`{"name": ..., "arguments": {...}}` (`parameters` is accepted for `arguments`) or a JSON list of
-them. A call naming a function that was not offered stays text.
+`tool_parsers` reads calls back from the output (this is the `hermes` family's format).
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from handlers.protocols.chat.requests import ToolCall
-from handlers.protocols.chat.tags import partial_tag_length
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -40,6 +36,28 @@ class ParsedCall:
     name: str
     arguments: str  # JSON text
     id: str | None = None  # None: the answer gives it one (a family may want its own shape)
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """A piece of one call as it streams: its first names the function (with an id where the
+    family wants its own shape), the others add to its arguments' JSON text."""
+
+    index: int  # the call's place among the answer's calls
+    arguments: str = ""
+    name: str | None = None
+    id: str | None = None
+
+
+def collect_calls(deltas: list[CallDelta]) -> list[ParsedCall]:
+    """The calls a stream of deltas made."""
+    calls: dict[int, ParsedCall] = {}
+    for delta in deltas:
+        if delta.name is not None:
+            calls[delta.index] = ParsedCall(delta.name, delta.arguments, delta.id)
+        else:
+            calls[delta.index].arguments += delta.arguments
+    return list(calls.values())
 
 
 def tool_prompt(tools: list[dict[str, Any]]) -> str:
@@ -101,77 +119,3 @@ def arguments_call(name: str, arguments: str) -> ParsedCall | None:
     except ValueError:
         return None
     return ParsedCall(name, arguments) if isinstance(value, dict) else None
-
-
-def parse_calls_json(text: str, names: set[str]) -> list[ParsedCall] | None:
-    """Calls from a text that is one JSON call object or a list of them; None otherwise."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    items = value if isinstance(value, list) else [value]
-    calls = [parse_call(item, names) for item in items]
-    if not calls or None in calls:
-        return None
-    return calls  # type: ignore[return-value]
-
-
-class ToolCallParser:
-    """Splits streamed output text into content to show now and completed tool calls.
-
-    Text that may still become a call is held: a partial `<tool_call>` tag, an open block, and
-    an output that starts with `{` or `[` (held whole until the end, then parsed as JSON).
-    """
-
-    def __init__(self, names: set[str]) -> None:
-        self.names = names
-        self._held = ""
-        self._mode = "start"  # start (only whitespace so far) | text | json
-
-    def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
-        self._held += text
-        if self._mode == "start":
-            stripped = self._held.lstrip()
-            if not stripped:
-                return "", []
-            self._mode = "json" if stripped[0] in "{[" else "text"
-        if self._mode == "json":
-            return "", []
-        return self._scan_blocks()
-
-    def finish(self) -> tuple[str, list[ParsedCall]]:
-        held, self._held = self._held, ""
-        if self._mode == "json":
-            calls = parse_calls_json(held, self.names)
-            return ("", calls) if calls else (held, [])
-        if held.startswith(OPEN):  # a block the output ended inside of
-            call = self._block_call(held[len(OPEN):])
-            return ("", [call]) if call else (held, [])
-        return held, []
-
-    def _scan_blocks(self) -> tuple[str, list[ParsedCall]]:
-        content, calls = "", []
-        while True:
-            start = self._held.find(OPEN)
-            if start < 0:
-                keep = partial_tag_length(self._held, OPEN)
-                cut = len(self._held) - keep
-                content, self._held = content + self._held[:cut], self._held[cut:]
-                return content, calls
-            end = self._held.find(CLOSE, start)
-            content += self._held[:start]
-            if end < 0:
-                self._held = self._held[start:]
-                return content, calls
-            call = self._block_call(self._held[start + len(OPEN):end])
-            if call is None:
-                content += self._held[start:end + len(CLOSE)]
-            else:
-                calls.append(call)
-            self._held = self._held[end + len(CLOSE):]
-
-    def _block_call(self, body: str) -> ParsedCall | None:
-        try:
-            return parse_call(json.loads(body), self.names)
-        except ValueError:
-            return None

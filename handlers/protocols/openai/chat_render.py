@@ -4,9 +4,10 @@ Streaming follows OpenAI: each choice opens with a `{"role": "assistant", "conte
 (its content is the echoed message with vLLM's `echo`),
 then content and tool-call deltas, the last carrying `finish_reason`. With a reasoning parser
 (option.reasoning_parser) the thinking goes to vLLM's `reasoning_content` and `reasoning`, in the
-message and as deltas of their own; tool calls are parsed from the answer only. A tool call
-parsed from the text (tool_choice auto or required) arrives whole in one delta; a named
-function's call streams its arguments as they are generated. With
+message and as deltas of their own; tool calls are parsed from the answer only. A call streams
+as OpenAI's do: its first delta has its `index`, `id`, `type` and `function.name`, the next ones
+its `arguments` in pieces as they are generated (a call whose name does not come first arrives
+whole in one delta). With
 `stream_options.include_usage` every chunk has `"usage": null` and one more chunk with empty
 `choices` carries the usage; without it the usage rides on the final chunk (as MindIE sends it).
 MindIE's `full_text` variant (`option.full_text_enabled`) sends the whole text so far in every
@@ -23,7 +24,7 @@ from typing import Any
 from handlers.engine.types import RequestOutput, SequenceOutput
 from handlers.protocols.chat.answer import AnswerParts, ChatOptions, ResponseContext
 from handlers.protocols.chat.logprobs import chat_logprobs
-from handlers.protocols.chat.tool_calls import ParsedCall
+from handlers.protocols.chat.tool_calls import CallDelta, ParsedCall
 from handlers.protocols.openai.accumulate import (
     add_final_usage,
     completion_tokens,
@@ -37,8 +38,23 @@ from handlers.protocols.outputs import Folded, FoldedSequence
 
 
 def tool_call(call: ParsedCall) -> dict[str, Any]:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return {"id": call.id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def tool_call_deltas(deltas: list[CallDelta]) -> list[dict[str, Any]]:
+    """The `tool_calls` of one chunk: a call's first delta whole, then its arguments' pieces
+    (those of one call in a row joined)."""
+    out: list[dict[str, Any]] = []
+    for delta in deltas:
+        if delta.name is not None:
+            call = ParsedCall(delta.name, delta.arguments, delta.id)
+            out.append({"index": delta.index, **tool_call(call)})
+        elif out and out[-1]["index"] == delta.index:
+            out[-1]["function"]["arguments"] += delta.arguments
+        else:
+            out.append({"index": delta.index, "function": {"arguments": delta.arguments}})
+    return out
 
 
 def render_chat_completion(ctx: ResponseContext, opts: ChatOptions, col: Folded
@@ -134,7 +150,7 @@ class ChatStream:
         return chunks
 
     def _delta(self, state: _ChoiceStream, reasoning: str, content: str,
-               calls: list[ParsedCall]) -> dict[str, Any]:
+               calls: list[CallDelta]) -> dict[str, Any]:
         delta: dict[str, Any] = {}
         if reasoning:  # vLLM's delta field, under its old name and its new one
             delta["reasoning_content"] = delta["reasoning"] = reasoning
@@ -144,9 +160,8 @@ class ChatStream:
         elif content:
             delta["content"] = content
         if calls:
-            delta["tool_calls"] = [{"index": state.calls + i, **tool_call(c)}
-                                   for i, c in enumerate(calls)]
-            state.calls += len(calls)
+            delta["tool_calls"] = tool_call_deltas(calls)
+            state.calls += sum(call.name is not None for call in calls)
         return delta
 
     def _arguments_delta(self, state: _ChoiceStream, text: str) -> dict[str, Any]:

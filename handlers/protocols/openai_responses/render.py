@@ -16,9 +16,8 @@ output items. The events, as the openai SDK's stream accumulator reads them, eve
 
 With a reasoning parser (option.reasoning_parser) the model's thinking is a `reasoning` item
 (its text a `reasoning_text` part) before the answer's items. Text and calls come apart as on
-the chat route (`AnswerParts`): a named function's arguments stream as they are generated; calls
-parsed from the text (tool_choice auto or required) arrive whole. A named call cut off by
-`max_output_tokens` is an `incomplete` function_call item with the partial arguments. Whitespace
+the chat route (`AnswerParts`): a call's arguments stream as they are generated. A call cut off
+by `max_output_tokens` is an `incomplete` function_call item with the partial arguments. Whitespace
 before a call is held back, so it opens no message of its own. Log-probabilities (`include:
 ["message.output_text.logprobs"]`, `top_logprobs` alternatives) are given when no tools are in
 play, where the text is the whole output and each token is in it.
@@ -34,7 +33,7 @@ from typing import Any
 from handlers.engine.types import FinishReason, Token
 from handlers.protocols.chat.answer import AnswerParts, ChatOptions, ResponseContext
 from handlers.protocols.chat.logprobs import chat_logprobs
-from handlers.protocols.chat.tool_calls import ParsedCall, arguments_call
+from handlers.protocols.chat.tool_calls import arguments_call
 from handlers.protocols.outputs import FoldedSequence
 
 
@@ -177,8 +176,11 @@ class ResponsesStream:
             events += self._close_reasoning("completed")
         events += self._content(content, self._logprobs(tokens)) if content else []
         for call in calls:
-            self._held = ""
-            events += self._close_message("completed") + self._whole_call(call)
+            if call.name is not None:
+                self._held = ""
+                events += self._close_message("completed") + self._close_call("completed") \
+                    + self._open_call(call.name)
+            events += self._arguments(call.arguments)
         return events
 
     def _think(self, text: str) -> list[dict[str, Any]]:
@@ -212,7 +214,7 @@ class ResponsesStream:
                 self._held += text
                 return events
             text, self._held = self._held + text, ""
-            events = self._open_message()
+            events = self._close_call("completed") + self._open_message()
         message = self._message
         assert message is not None
         message.text += text
@@ -249,7 +251,8 @@ class ResponsesStream:
                             item=closed)]
 
     def _arguments(self, text: str) -> list[dict[str, Any]]:
-        """A named function's arguments, streamed as they are generated."""
+        """A call's arguments, streamed as they are generated (a named function's call opened
+        with its first piece)."""
         events = [] if self._call else self._open_call(next(iter(self.opts.tools.tool_names)))
         if text:
             assert self._call is not None
@@ -258,10 +261,6 @@ class ResponsesStream:
                                       item_id=self._call.id, output_index=self._call.index,
                                       delta=text))
         return events
-
-    def _whole_call(self, call: ParsedCall) -> list[dict[str, Any]]:
-        events = self._open_call(call.name)
-        return events + self._arguments(call.arguments) + self._close_call("completed")
 
     def _open_call(self, name: str) -> list[dict[str, Any]]:
         call = self._call = _Call(len(self.items), name)
