@@ -110,6 +110,7 @@ class FakeEngine:
     dtype: str = "float32"
     device: str = "cpu"
     adapters: tuple[str, ...] = ()  # LoRA adapters a request may name (it runs them alike)
+    answer_parsing: Any = None  # chat answers are read by the protocols' parsers
     token_delay: float = 0.0  # seconds per engine step
     tokens_per_step: int = 1
     ready: bool = True

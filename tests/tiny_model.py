@@ -1,4 +1,5 @@
-"""A tiny random-weight Llama with the real SmolLM2 tokenizer, for fast engine tests.
+"""A tiny random-weight Llama with the real SmolLM2 tokenizer, for fast engine tests, and a
+tiny Qwen3 the same way (a family's architecture, chat template and tokens).
 
 The tokenizer comes from the embedded default GGUF through the loader's conversion cache
 ($LMI_CACHE_DIR, else ~/.cache/lmi-serve): the first call converts the GGUF (~30 s), later ones
@@ -10,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from family_templates import QWEN3
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.model_source import default_model_path
@@ -41,5 +43,26 @@ def make_tiny_model_dir(path: Path, cache_dir: Path | None = None) -> Path:
         torch.manual_seed(TINY_SEED)
         model = LlamaForCausalLM(config)
     model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+QWEN3_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+
+
+def make_tiny_qwen3_dir(path: Path, head_dim: int = 16, template: str = QWEN3) -> Path:
+    """A 2-layer random Qwen3 with the SmolLM2 tokenizer, Qwen's thinking and tool-call tokens
+    added (added tokens, kept in the text, as Qwen's are) and a Qwen3-shaped chat template, or
+    another (`head_dim` 64 for vLLM's CPU attention)."""
+    tokenizer = AutoTokenizer.from_pretrained(cached_gguf_dir(default_model_path()))
+    tokenizer.add_tokens(QWEN3_TOKENS)
+    tokenizer.chat_template = template
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=head_dim, max_position_embeddings=1024, tie_word_embeddings=True,
+                         eos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        Qwen3ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from handlers.engine.types import (
     AdapterActivity,
+    AnswerPiece,
     EmbeddingResult,
     GenerationRequest,
     RequestOutput,
@@ -47,6 +48,27 @@ class Tokenizer(Protocol):
         more `variables` for it (vLLM's chat_template_kwargs)."""
 
 
+class AnswerParser(Protocol):
+    """One chat answer read by an engine's own parsers, as it streams or whole."""
+
+    reads_calls: bool  # whether it reads the tool calls too (else only the thinking)
+
+    def feed(self, text: str, token_ids: Sequence[int], finished: bool) -> AnswerPiece: ...
+
+    def whole(self, text: str, token_ids: Sequence[int]) -> AnswerPiece: ...
+
+
+class AnswerParsing(Protocol):
+    """An engine's own reading of chat answers (vLLM's reasoning and tool parsers), used in
+    place of the protocols' where the engine has it, so its answers have its shapes."""
+
+    def parser(self, tools: list[dict[str, Any]], thinking: bool, auto_tools: bool
+               ) -> AnswerParser | None:
+        """A parser for one answer: `tools` offered (OpenAI's shape), whether the thinking is
+        split off, whether calls are read from the text (tool_choice auto); None where the
+        engine has nothing to read here."""
+
+
 class Engine(Protocol):
     """Generation: validate, generate, abort, health, stats, start and shutdown."""
 
@@ -56,6 +78,7 @@ class Engine(Protocol):
     dtype: str  # the weights' dtype, e.g. "float32" (what /info reports)
     device: str  # e.g. "cpu", "cuda"
     adapters: tuple[str, ...]  # the LoRA adapters a request may name (`adapter`); () for none
+    answer_parsing: AnswerParsing | None  # its own reading of chat answers; None: the protocols'
 
     def validate(self, request: GenerationRequest) -> None:
         """Tokenize and check a request before admission; raise RequestValidationError.

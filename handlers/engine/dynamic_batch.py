@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from handlers.engine.base import Engine, Pair, Tokenizer
+from handlers.engine.base import AnswerParsing, Engine, Pair, Tokenizer
 from handlers.engine.types import AdapterActivity, GenerationRequest, RequestOutput
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,10 @@ class DynamicBatcher:
     @property
     def adapters(self) -> tuple[str, ...]:
         return self.inner.adapters
+
+    @property
+    def answer_parsing(self) -> AnswerParsing | None:
+        return self.inner.answer_parsing
 
     def adapter_activity(self) -> AdapterActivity | None:
         return self.inner.adapter_activity()

@@ -200,6 +200,26 @@ class RequestOutput:
     prompt_logprobs: list[Token] | None = None  # on the first output, when asked for
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """A piece of one tool call as it streams: its first names the function (with an id where
+    the model family wants its own shape), the others add to its arguments' JSON text."""
+
+    index: int  # the call's place among the answer's calls
+    arguments: str = ""
+    name: str | None = None
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class AnswerPiece:
+    """A piece of a chat answer as an engine's own parsers read it (vLLM's)."""
+
+    reasoning: str = ""
+    content: str = ""
+    calls: tuple[CallDelta, ...] = ()
+
+
 @dataclass
 class EmbeddingResult:
     vectors: list[list[float]]  # one per input, in input order

@@ -58,10 +58,10 @@ class ServerSettings:
     model_dir: Path = Path(".")  # where relative adapter sources are read from
     adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
 
-    @property
-    def chat_format(self) -> ChatFormat:
+    def chat_format(self, engine: Engine) -> ChatFormat:
+        """How `engine`'s chat answers are read: by its own parsers where it has them."""
         return ChatFormat(self.full_text_enabled, self.reasoning_parser, self.tool_call_parser,
-                          self.auto_tool_choice)
+                          self.auto_tool_choice, engine.answer_parsing)
 
     def __post_init__(self) -> None:
         if self.output_formatter not in (None, *OUTPUT_FORMATTERS):

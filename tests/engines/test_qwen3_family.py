@@ -16,16 +16,13 @@ import openai
 import pytest
 import torch
 from fakes import served_app
-from family_templates import QWEN3
 from server_process import serving
-from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+from tiny_model import make_tiny_qwen3_dir
+from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
-from handlers.model_source import default_model_path
 
-SPECIAL = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
@@ -36,19 +33,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-qwen3")
-    tokenizer = AutoTokenizer.from_pretrained(cached_gguf_dir(default_model_path()))
-    tokenizer.add_tokens(SPECIAL)  # Qwen's are added tokens too, kept in the text
-    tokenizer.chat_template = QWEN3
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=1024, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.eos_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(7)
-        Qwen3ForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return make_tiny_qwen3_dir(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 @pytest.fixture(scope="module")

@@ -254,10 +254,11 @@ def test_an_unknown_adapter_is_a_404_and_models_lists_the_adapter(lora_url):
 
 def test_a_reasoning_parser_without_think_tokens_stops_startup_by_name(tmp_path, tiny_dir):
     """vLLM's reasoning parsers find the thinking by its tokens; the tiny model's tokenizer has
-    none, which startup says in the setting's terms before vLLM starts."""
+    none, which startup says in the setting's terms before vLLM starts (vLLM's own check)."""
     from handlers.engine.vllm.build import build
 
-    given = config(tmp_path, f"option.model_id={tiny_dir}", "option.reasoning_parser=qwen3")
-    with pytest.raises(ConfigError, match=r"option.reasoning_parser=qwen3 \(command line\): "
-                                          "this model's tokenizer has no <think> or </think>"):
+    given = config(tmp_path, f"option.model_id={tiny_dir}",
+                   "option.reasoning_parser=deepseek_r1")
+    with pytest.raises(ConfigError, match=r"option.reasoning_parser=deepseek_r1 \(command line\): "
+                                          "vLLM's parser refuses this model's tokenizer"):
         build(given)

@@ -85,6 +85,8 @@ class LoopEngine:
         self.loop = EngineLoop(new_batcher, stall_timeout, on_serve, on_stop)
         self.vocab_size = self.batcher.runner.vocab_size
 
+    answer_parsing = None  # chat answers are read by the protocols' parsers
+
     @property
     def adapters(self) -> tuple[str, ...]:
         return () if self.lora is None else self.lora.names

@@ -10,11 +10,13 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 from vllm import AsyncEngineArgs, AsyncLLMEngine
+from vllm.config import StructuredOutputsConfig
 
 from handlers.config import Config, ConfigError, chat_template_text, with_source_adapters
 from handlers.engine.base import EngineBuild
 from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.engine.hf_tokenizer import HFTokenizer
+from handlers.engine.vllm.answers import VllmAnswerParsing
 from handlers.engine.vllm.args import engine_kwargs, vllm_fields
 from handlers.engine.vllm.engine import VllmEngine
 from handlers.model_source import resolve_model_source
@@ -28,6 +30,11 @@ def build(config: Config) -> EngineBuild:
     model_dir = model_directory(config)
     config = with_source_adapters(config, model_dir)
     kwargs = engine_kwargs(config, str(model_dir), vllm_fields(), torch.cuda.device_count())
+    # Structured JSON by xgrammar without free whitespace, as the torch engine's grammars
+    # (grammars.py, which check the vllm engine's specs too): small models otherwise loop in
+    # whitespace until max_tokens.
+    kwargs.setdefault("structured_outputs_config", StructuredOutputsConfig(
+        backend="xgrammar", disable_any_whitespace=True))
     _check_device(config)
     _log_adapters(config)
     log.info("vLLM engine arguments: %s", {k: v for k, v in kwargs.items() if "token" not in k})
@@ -36,26 +43,14 @@ def build(config: Config) -> EngineBuild:
     except (TypeError, ValueError) as exc:  # a conflicting pair of arguments, a bad value
         raise ConfigError(f"vLLM refuses its engine arguments: {exc}") from exc
     hf_tokenizer = tokenizer(config, model_dir)
-    _check_reasoning_tokens(config, hf_tokenizer)
+    parsing = VllmAnswerParsing(config, hf_tokenizer.hf) \
+        if config.reasoning_parser or config.tool_call_parser else None
     llm = AsyncLLMEngine.from_engine_args(args)
     engine = VllmEngine(llm, hf_tokenizer, config.model_name,
                         stall_timeout=config.engine_stall_timeout or None,
-                        adapters=[(a.name, str(a.path)) for a in config.adapters])
+                        adapters=[(a.name, str(a.path)) for a in config.adapters],
+                        answer_parsing=parsing)
     return EngineBuild(engine)
-
-
-def _check_reasoning_tokens(config: Config, hf: HFTokenizer) -> None:
-    """vLLM's `<think>` parsers find the thinking by its tokens: a tokenizer without them
-    stops vLLM deep in its start; say so first, by name."""
-    if config.reasoning_parser not in ("deepseek_r1", "qwen3"):  # granite's are phrases
-        return
-    vocabulary = hf.hf.get_vocab()
-    missing = [tag for tag in ("<think>", "</think>") if tag not in vocabulary]
-    if missing:
-        raise ConfigError(f"option.reasoning_parser={config.reasoning_parser} "
-                          f"({config.sources['reasoning_parser']}): this model's tokenizer has "
-                          f"no {' or '.join(missing)} token, which vLLM's parser needs (the "
-                          "torch engine reads the thinking from the text)")
 
 
 def _log_adapters(config: Config) -> None:

@@ -22,6 +22,7 @@ from vllm.exceptions import VLLMClientError
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+from handlers.engine.base import AnswerParsing
 from handlers.engine.grammars import Grammars
 from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.types import (
@@ -42,9 +43,11 @@ log = logging.getLogger(__name__)
 class VllmEngine:
     def __init__(self, llm: Any, tokenizer: HFTokenizer, model_name: str,
                  stall_timeout: float | None = None,
-                 adapters: Sequence[tuple[str, str]] = ()) -> None:
+                 adapters: Sequence[tuple[str, str]] = (),
+                 answer_parsing: AnswerParsing | None = None) -> None:
         self.llm = llm  # vllm.v1.engine.async_llm.AsyncLLM
         self.tokenizer = tokenizer
+        self.answer_parsing = answer_parsing  # vLLM's reasoning and tool parsers
         self.model_name = model_name
         # LoRA adapters, (name, path): vLLM knows each by a positive id of our choosing.
         self._loras = {name: LoRARequest(name, lora_id, path)

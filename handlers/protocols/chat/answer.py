@@ -5,16 +5,18 @@ thinking, content and tool calls."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from handlers.engine.types import SamplingParams
+from handlers.engine.base import AnswerParsing
+from handlers.engine.types import AnswerPiece, CallDelta, SamplingParams
 from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.chat.logprobs import TokenText
 from handlers.protocols.chat.prompt import echoed_text
 from handlers.protocols.chat.reasoning import Split, splitter, thinking_marks
 from handlers.protocols.chat.requests import ChatCompletionRequest, NamedToolChoice
 from handlers.protocols.chat.tool_calls import (
-    CallDelta,
     ParsedCall,
     arguments_call,
     collect_calls,
@@ -41,6 +43,7 @@ class ChatFormat:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     auto_tool_choice: bool = True
+    engine_parsing: AnswerParsing | None = None  # the engine's own parsers (vLLM's), if any
 
 
 PLAIN = ChatFormat()  # no parser configured
@@ -59,6 +62,8 @@ class ChatOptions:
     reasoning_parser: str | None = None  # option.reasoning_parser: thinking split off
     tool_parser: str | None = None  # option.tool_call_parser: how calls are written
     parallel_calls: bool = True  # parallel_tool_calls: false keeps the first call only
+    tools: tuple[dict[str, Any], ...] = ()  # the offered tools, OpenAI's shape
+    engine_parsing: AnswerParsing | None = None  # ChatFormat's
 
     @classmethod
     def for_request(cls, request: ChatCompletionRequest, fmt: ChatFormat = PLAIN
@@ -90,6 +95,8 @@ class ChatOptions:
             reasoning_parser=fmt.reasoning_parser if request.thinking else None,
             tool_parser=fmt.tool_call_parser,
             parallel_calls=request.parallel_tool_calls is not False,
+            tools=tuple(tool.model_dump(exclude_none=True) for tool in request.tools or []),
+            engine_parsing=fmt.engine_parsing,
         )
 
 
@@ -110,20 +117,20 @@ class ToolExtractor:
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         if self.parser is not None:
             content, deltas = self.parser.feed(text)
-            return content, self._allowed(deltas)
+            return content, self.allowed(deltas)
         if self.mode == "none":
             return text, []
         self.held += text
         return "", []
 
-    def _allowed(self, deltas: list[CallDelta]) -> list[CallDelta]:
+    def allowed(self, deltas: list[CallDelta]) -> list[CallDelta]:
         """With parallel_tool_calls false, the first call only."""
         return [d for d in deltas if d.index == 0] if self.single else deltas
 
     def finish(self) -> tuple[str, list[CallDelta]]:
         if self.parser is not None:
             content, deltas = self.parser.finish()
-            return content, self._allowed(deltas)
+            return content, self.allowed(deltas)
         if self.mode == "named":
             call = arguments_call(next(iter(self.names)), self.held)
             return ("", [CallDelta(0, call.arguments, call.name)]) if call else (self.held, [])
@@ -148,33 +155,63 @@ def think_first(params: SamplingParams, options: ChatOptions, budget: int | None
 class AnswerParts:
     """One choice's streamed text into thinking, content and tool calls' deltas: the reasoning
     parser first, so calls are parsed from the answer only (never from the thinking), then the
-    tool extractor over the answer."""
+    tool extractor over the answer. Where the engine has its own parsers (vLLM's), they read the
+    thinking, and the calls too for tool_choice auto when one is configured; they need the
+    tokens' ids beside the text."""
 
     def __init__(self, opts: ChatOptions) -> None:
-        self.reasoning = splitter(opts.reasoning_parser)
+        self.engine = opts.engine_parsing.parser(
+            list(opts.tools), opts.reasoning_parser is not None, opts.tool_mode == "auto") \
+            if opts.engine_parsing is not None else None
+        self.reasoning = splitter(opts.reasoning_parser) if self.engine is None else None
         self.tools = ToolExtractor(opts)
 
-    def feed(self, text: str) -> tuple[str, str, list[CallDelta]]:
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> tuple[str, str, list[CallDelta]]:
+        if self.engine is not None:
+            return self._engine_piece(self.engine.feed(text, token_ids, finished=False))
         split = self.reasoning.feed(text) if self.reasoning else Split(content=text)
         content, calls = self.tools.feed(split.content)
         return split.reasoning, content, calls
 
     def finish(self) -> tuple[str, str, list[CallDelta]]:
-        split = self.reasoning.finish() if self.reasoning else Split()
-        content, calls = self.tools.feed(split.content)
-        tail, more = self.tools.finish()
-        return split.reasoning, content + tail, calls + more
+        if self.engine is not None:
+            reasoning, content, calls = self._engine_piece(self.engine.feed("", (), True))
+        else:
+            split = self.reasoning.finish() if self.reasoning else Split()
+            reasoning, (content, calls) = split.reasoning, self.tools.feed(split.content)
+        tail, more = ("", []) if self._engine_reads_calls else self.tools.finish()
+        return reasoning, content + tail, calls + more
 
-    def split(self, text: str, finished: bool) -> Split:
+    def split(self, text: str, finished: bool, token_ids: Sequence[int] = ()) -> Split:
         """Thinking and answer only, the answer left whole (a named call's arguments, which
         stream as they are generated)."""
+        if self.engine is not None:
+            piece = self.engine.feed(text, token_ids, finished)
+            return Split(piece.reasoning, piece.content)
         if self.reasoning is None:
             return Split(content=text)
         out = self.reasoning.feed(text)
         return out + self.reasoning.finish() if finished else out
 
-    def whole(self, text: str) -> tuple[str, str, list[ParsedCall]]:
+    def whole(self, text: str, token_ids: Sequence[int] = ()
+              ) -> tuple[str, str, list[ParsedCall]]:
         """A whole output's parts."""
+        if self.engine is not None:
+            reasoning, content, deltas = self._engine_piece(self.engine.whole(text, token_ids))
+            tail, more = ("", []) if self._engine_reads_calls else self.tools.finish()
+            return reasoning, content + tail, collect_calls(deltas + more)
         reasoning, content, deltas = self.feed(text)
         more_reasoning, tail, more = self.finish()
         return reasoning + more_reasoning, content + tail, collect_calls(deltas + more)
+
+    @property
+    def _engine_reads_calls(self) -> bool:
+        return self.engine is not None and self.engine.reads_calls
+
+    def _engine_piece(self, piece: AnswerPiece) -> tuple[str, str, list[CallDelta]]:
+        """The engine's reading of a piece; its content through the tool extractor where the
+        engine does not read the calls (forced calls, or no tool parser configured)."""
+        if self._engine_reads_calls:
+            return piece.reasoning, piece.content, self.tools.allowed(list(piece.calls))
+        content, calls = self.tools.feed(piece.content)
+        return piece.reasoning, content, calls

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from handlers.engine.types import CallDelta
 from handlers.protocols.chat.requests import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -36,17 +37,6 @@ class ParsedCall:
     name: str
     arguments: str  # JSON text
     id: str | None = None  # None: the answer gives it one (a family may want its own shape)
-
-
-@dataclass(frozen=True)
-class CallDelta:
-    """A piece of one call as it streams: its first names the function (with an id where the
-    family wants its own shape), the others add to its arguments' JSON text."""
-
-    index: int  # the call's place among the answer's calls
-    arguments: str = ""
-    name: str | None = None
-    id: str | None = None
 
 
 def collect_calls(deltas: list[CallDelta]) -> list[ParsedCall]:

@@ -140,7 +140,7 @@ class ResponsesStream:
         """One sequence's new tokens (n is 1); with `reason`, the request finished."""
         text = "".join(t.text for t in tokens)
         if self.named:
-            split = self.parts.split(text, reason is not None)
+            split = self.parts.split(text, reason is not None, [t.id for t in tokens])
             events = self._think(split.reasoning) if split.reasoning else []
             if split.content:
                 events += self._close_reasoning("completed") + self._arguments(split.content)
@@ -167,7 +167,7 @@ class ResponsesStream:
 
     def _text(self, text: str, tokens: list[Token], reason: FinishReason | None
               ) -> list[dict[str, Any]]:
-        reasoning, content, calls = self.parts.feed(text)
+        reasoning, content, calls = self.parts.feed(text, [t.id for t in tokens])
         if reason is not None:
             more_reasoning, tail, more = self.parts.finish()
             reasoning, content, calls = reasoning + more_reasoning, content + tail, calls + more

@@ -85,7 +85,7 @@ async def messages_body(ctx: ServerContext, request: Request, body: Any) -> Answ
         engine = _engine(ctx)
         job = await ctx.offload(prepare_messages, body, engine.tokenizer,
                                 ctx.settings.model_name, engine.adapters,
-                                ctx.settings.chat_format)
+                                ctx.settings.chat_format(engine))
         generation = await ctx.generation(engine, [job.gen], messages_checks(job.chat))
         watch = disconnect_watch(request)
         if job.request.stream:

@@ -82,7 +82,7 @@ async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
         engine = _engine(ctx)
         settings = ctx.settings
         job = await ctx.offload(prepare_chat, body, engine.tokenizer, settings.model_name,
-                                settings.chat_format, engine.adapters)
+                                settings.chat_format(engine), engine.adapters)
         _warn_ignored(job.request)
         fields = checks(job.request, lambda _: "messages")
         generation = await ctx.generation(engine, [job.gen], fields)

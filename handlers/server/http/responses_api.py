@@ -106,7 +106,7 @@ async def create_body(ctx: ServerContext, request: Request, body: Any) -> Answer
         engine = ctx.text_engine(OPENAI.refusal, not_a_text_model)
         job = await ctx.offload(prepare_response, body, engine.tokenizer,
                                 ctx.settings.model_name, store.conversation, engine.adapters,
-                                ctx.settings.chat_format)
+                                ctx.settings.chat_format(engine))
         if ignored := job.request.ignored_fields:
             log.warning("ignoring unknown fields %s", ignored)
         generation = await ctx.generation(engine, [job.gen], checks(job.chat, lambda _: "input"))
