@@ -1,6 +1,17 @@
 """Chat templates in the shape of five model families' (Qwen3, Llama 3, Mistral, Gemma 3,
 DeepSeek-R1), written for the tests, not copied from model repositories: how each renders the
-offered tools, the assistant's past calls, tool results and the thinking switch."""
+offered tools, the assistant's past calls, tool results and the thinking switch; and a
+conversation that has them all (HISTORY)."""
+
+# A past call, its result and a new question: what the templates render of a conversation.
+HISTORY = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "Snow, -3 C"},
+    {"role": "user", "content": "And in Paris?"},
+]
 
 QWEN3 = """{%- if tools %}<|im_start|>system
 # Tools

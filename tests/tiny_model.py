@@ -66,3 +66,16 @@ def make_tiny_qwen3_dir(path: Path, head_dim: int = 16, template: str = QWEN3) -
         Qwen3ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def transformers_greedy(folder: Path, prompt: str, tokens: int) -> str:
+    """What transformers' own generate() answers `prompt` with, greedy, exactly `tokens` long:
+    the reference the engines are greedy-equal to."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1]:])

@@ -14,11 +14,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
-import torch
 from fakes import served_app
 from server_process import serving
-from tiny_model import make_tiny_qwen3_dir
-from transformers import AutoTokenizer, Qwen3ForCausalLM
+from tiny_model import make_tiny_qwen3_dir, transformers_greedy
+from transformers import AutoTokenizer
 
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
@@ -57,12 +56,7 @@ def test_the_torch_engine_serves_qwen3_greedy_equal_to_transformers(engine, qwen
     answer = client.completions.create(model="tiny-qwen3", prompt="The weather today is",
                                        max_tokens=12, temperature=0,
                                        extra_body={"ignore_eos": True})
-    tokenizer = AutoTokenizer.from_pretrained(qwen3_dir)
-    ids = tokenizer("The weather today is", return_tensors="pt").input_ids
-    reference = Qwen3ForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        out = reference.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
-    assert answer.choices[0].text == tokenizer.decode(out[0, ids.shape[1]:])
+    assert answer.choices[0].text == transformers_greedy(qwen3_dir, "The weather today is", 12)
 
 
 def test_tools_render_through_the_tokenizers_template_and_thinking_switches_off(qwen3_dir,

@@ -14,21 +14,13 @@ from dataclasses import dataclass
 import openai
 import pytest
 from fakes import FakeTokenizer, ScriptedEngine, served_app
-from family_templates import DEEPSEEK_R1, GEMMA3, LLAMA3, MISTRAL, QWEN3
+from family_templates import DEEPSEEK_R1, GEMMA3, HISTORY, LLAMA3, MISTRAL, QWEN3
 from server_process import serving
 
 MODEL = "fake-model"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                            "parameters": SCHEMA}}]
-HISTORY = [
-    {"role": "user", "content": "Weather in Oslo?"},
-    {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_1", "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "Snow, -3 C"},
-    {"role": "user", "content": "And in Paris?"},
-]
 
 @dataclass(frozen=True)
 class Family:
