@@ -1,5 +1,11 @@
 """C++ built against this torch's headers on first use and cached: g++ in seconds, in
-$LMI_CACHE_DIR/kernels keyed by the source, the compiler, torch and the CPU (-march=native)."""
+$LMI_CACHE_DIR/kernels keyed by the source, the compiler, torch and the CPU (-march=native).
+
+An image builds them ahead for the x86-64 levels instead (`python -m
+handlers.engine.native_build`, -march=x86-64-v3 and v4), as its build machine's CPU is not the
+one it will run on: a server that finds no build for its own CPU loads the best prebuilt level
+its CPU runs, so a container starts without compiling (about 15 s on 2 cores).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import hashlib
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -17,38 +24,69 @@ from handlers.model_fetch import default_cache_dir
 
 log = logging.getLogger(__name__)
 
+# The x86-64 levels prebuilt, best first, with the CPU flags each needs (beyond the lower ones').
+LEVELS = {
+    "x86-64-v4": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+    "x86-64-v3": {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"},
+}
 
-def flags() -> list[str]:
+
+def flags(march: str = "native") -> list[str]:
     root = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC",
+    return ["-O3", f"-march={march}", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC",
             "-std=c++20", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{root / 'include'}",
             f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}", "-lc10", "-ltorch_cpu"]
 
 
 def build(source: Path) -> Path:
-    """The shared library of `source`, compiled unless cached (raises OSError or
-    CalledProcessError where it cannot be)."""
+    """The shared library of `source`: built for this CPU, else a prebuilt level it runs,
+    else compiled now (raises OSError or CalledProcessError where it cannot be)."""
     compiler = os.environ.get("CXX", "g++")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=True).stdout
-    options = flags()
+    native = _library(source, compiler, version, "native")
+    if native.exists():
+        return native
+    for level in runnable_levels():
+        prebuilt = _library(source, compiler, version, level)
+        if prebuilt.exists():
+            return prebuilt
+    return _compile(source, compiler, native, "native")
+
+
+def _library(source: Path, compiler: str, version: str, march: str) -> Path:
+    """Where the build of `source` for `march` lives (whether or not it exists yet)."""
+    machine = cpu_flags() if march == "native" else march
     digest = hashlib.sha256("\0".join([source.read_text(), compiler, version, torch.__version__,
-                                       *options, cpu_flags()]).encode())
-    directory = default_cache_dir() / "kernels" / digest.hexdigest()[:16]
-    library = directory / f"lib{source.stem}.so"
-    if library.exists():
-        return library
+                                       *flags(march), machine]).encode())
+    return default_cache_dir() / "kernels" / digest.hexdigest()[:16] / f"lib{source.stem}.so"
+
+
+def _compile(source: Path, compiler: str, library: Path, march: str) -> Path:
+    directory = library.parent
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another server building the same: wait for it
         if not library.exists():
             partial = directory / f"partial-{os.getpid()}.so"
-            subprocess.run([compiler, str(source), "-o", str(partial), *options],
+            subprocess.run([compiler, str(source), "-o", str(partial), *flags(march)],
                            capture_output=True, text=True, check=True)
             os.replace(partial, library)  # whole, or not there
     log.info("built %s", library)
     return library
+
+
+def runnable_levels() -> list[str]:
+    """The prebuilt levels this CPU runs, best first."""
+    have = set(cpu_flags().split())
+    needed: set[str] = set()
+    runnable = []
+    for level, level_flags in reversed(LEVELS.items()):  # lowest first: each needs those below
+        needed |= level_flags
+        if needed <= have:
+            runnable.append(level)
+    return runnable[::-1]
 
 
 def load(source: Path, without: str) -> bool:
@@ -62,3 +100,18 @@ def load(source: Path, without: str) -> bool:
                     without)
         return False
     return True
+
+
+def prebuild() -> list[Path]:
+    """Every kernel of the package built for each level (an image's build step)."""
+    compiler = os.environ.get("CXX", "g++")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=True).stdout
+    sources = sorted(Path(__file__).resolve().parents[1].rglob("*.cpp"))
+    return [_compile(source, compiler, _library(source, compiler, version, level), level)
+            for source in sources for level in LEVELS]
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    prebuild()
