@@ -25,9 +25,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 \
 RUN apt-get update && apt-get install -y --no-install-recommends g++ \
     && apt-get clean && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
-# torch/test holds its C++ unit tests' executables (83 MB), which nothing here runs.
+# torch/test and torch/bin/test_*, *Test hold its C++ unit tests' executables (122 MB), which
+# nothing here runs.
 RUN pip install torch==2.13.0 ${TORCH_PIP_ARGS} \
-    && rm -rf /opt/venv/lib/python3*/site-packages/torch/test
+    && cd /opt/venv/lib/python3*/site-packages/torch && rm -rf test bin/test_* bin/*Test
 
 FROM ${GPU_BASE} AS base-gpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 \
