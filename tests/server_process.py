@@ -12,9 +12,12 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import orjson
+import requests
 import uvicorn
 
 
@@ -113,3 +116,28 @@ async def serving_here(app: object) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+@dataclass
+class InvocationStream:
+    """One streaming /invocations request (jsonlines) in a thread; `started` is set once its
+    first line arrives, or once it failed."""
+
+    url: str
+    body: dict
+    read_timeout: float = 120
+    started: threading.Event = field(default_factory=threading.Event)
+    lines: list[dict] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with requests.post(f"{self.url}/invocations", data=orjson.dumps(self.body),
+                               stream=True, timeout=(5, self.read_timeout)) as response:
+                for line in response.iter_lines():
+                    if line:
+                        self.lines.append(orjson.loads(line))
+                        self.started.set()
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+            self.started.set()

@@ -42,9 +42,7 @@ def flags(march: str = "native") -> list[str]:
 def build(source: Path) -> Path:
     """The shared library of `source`: built for this CPU, else a prebuilt level it runs,
     else compiled now (raises OSError or CalledProcessError where it cannot be)."""
-    compiler = os.environ.get("CXX", "g++")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=True).stdout
+    compiler, version = _compiler()
     native = _library(source, compiler, version, "native")
     if native.exists():
         return native
@@ -53,6 +51,13 @@ def build(source: Path) -> Path:
         if prebuilt.exists():
             return prebuilt
     return _compile(source, compiler, native, "native")
+
+
+def _compiler() -> tuple[str, str]:
+    """The C++ compiler ($CXX, else g++) and its version text (part of a build's key)."""
+    compiler = os.environ.get("CXX", "g++")
+    return compiler, subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                    check=True).stdout
 
 
 def _library(source: Path, compiler: str, version: str, march: str) -> Path:
@@ -104,9 +109,7 @@ def load(source: Path, without: str) -> bool:
 
 def prebuild() -> list[Path]:
     """Every kernel of the package built for each level (an image's build step)."""
-    compiler = os.environ.get("CXX", "g++")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=True).stdout
+    compiler, version = _compiler()
     sources = sorted(Path(__file__).resolve().parents[1].rglob("*.cpp"))
     return [_compile(source, compiler, _library(source, compiler, version, level), level)
             for source in sources for level in LEVELS]

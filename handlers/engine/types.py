@@ -171,6 +171,10 @@ class SequenceOutput:
         return "".join(t.text for t in self.tokens)
 
     @property
+    def token_ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 

@@ -112,6 +112,10 @@ class FoldedSequence:
     def text(self) -> str:
         return "".join(t.text for t in self.tokens)
 
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.id for t in self.tokens]
+
     def add(self, seq: SequenceOutput) -> None:
         self.tokens.extend(seq.tokens)
         self.cumulative_logprob = seq.cumulative_logprob

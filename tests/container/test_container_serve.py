@@ -21,6 +21,7 @@ import orjson
 import pytest
 import requests
 import tritonclient.grpc as triton_grpc
+from server_process import InvocationStream as Stream
 from server_process import _wait_ready, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,29 +80,6 @@ def test_serve_answers_on_the_sagemaker_port(container):
 
 
 @dataclass
-class Stream:
-    """One streaming request in a thread; `started` is set once its first line arrives."""
-
-    url: str
-    body: dict
-    started: threading.Event = field(default_factory=threading.Event)
-    lines: list[dict] = field(default_factory=list)
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with requests.post(f"{self.url}/invocations", data=orjson.dumps(self.body),
-                               stream=True, timeout=(5, 60)) as response:
-                for line in response.iter_lines():
-                    if line:
-                        self.lines.append(orjson.loads(line))
-                        self.started.set()
-        except BaseException as exc:  # reported by the test, not lost in the thread
-            self.error = exc
-            self.started.set()
-
-
-@dataclass
 class GrpcStream:
     """One KServe V2 gRPC stream (tritonclient.grpc): its responses' texts and final flags."""
 
@@ -152,7 +130,7 @@ def test_sigterm_lets_in_flight_streams_finish_then_exits_0(container):
     tokens = 32
     questions = ("Hi", "Why?", "Cats", "Rain", "Tea", "Maps", "Snow", "Jazz")
     streams = [Stream(container.url, {"inputs": chat(q), "stream": True, "parameters": {
-        "max_new_tokens": tokens, "ignore_eos": True}}) for q in questions]
+        "max_new_tokens": tokens, "ignore_eos": True}}, read_timeout=60) for q in questions]
     grpc_stream = GrpcStream("127.0.0.1:8081", chat("Clouds"), tokens)  # the default gRPC port
     threads = [threading.Thread(target=s.run) for s in [*streams, grpc_stream]]
     for thread in threads:

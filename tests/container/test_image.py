@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import boto3
 import numpy as np
@@ -29,7 +29,7 @@ import requests
 import tritonclient.grpc as triton_grpc
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
-from server_process import free_port
+from server_process import InvocationStream, free_port
 
 IMAGE = os.environ.get("LMI_TEST_IMAGE", "")
 MODEL = "smollm2-135m-instruct"
@@ -230,32 +230,11 @@ def test_an_s3_model_id_is_fetched_at_startup(tiny_dir):
         s3.stop()
 
 
-@dataclass
-class Stream:
-    url: str
-    body: dict
-    started: threading.Event = field(default_factory=threading.Event)
-    lines: list[dict] = field(default_factory=list)
-    error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with requests.post(f"{self.url}/invocations", data=orjson.dumps(self.body),
-                               stream=True, timeout=(5, 120)) as response:
-                for line in response.iter_lines():
-                    if line:
-                        self.lines.append(orjson.loads(line))
-                        self.started.set()
-        except BaseException as exc:  # reported by the test
-            self.error = exc
-            self.started.set()
-
-
 def test_stop_lets_a_stream_in_flight_finish_and_a_killed_container_serves_again():
     running = start("lmi-test-stop")
     try:
         tokens = 48
-        stream = Stream(running.url, {"inputs": chat("Tell a story."), "stream": True,
+        stream = InvocationStream(running.url, {"inputs": chat("Tell a story."), "stream": True,
                                       "parameters": {"max_new_tokens": tokens,
                                                      "ignore_eos": True}})
         thread = threading.Thread(target=stream.run)

@@ -81,7 +81,7 @@ def render_message(ctx: MessageContext, col: Folded) -> dict[str, Any]:
     text = seq.text
     stop = matched_stop(text, seq.finish_reason, ctx.stop_sequences)
     reasoning, content, calls = AnswerParts(ctx.options).whole(
-        text.removesuffix(stop or ""), [token.id for token in seq.tokens])
+        text.removesuffix(stop or ""), seq.token_ids)
     shown = bool(content.strip() if calls else content)  # no blank text beside a tool call
     blocks = [thinking_block(reasoning)] if reasoning else []
     blocks += [{"type": "text", "text": content}] if shown else []
@@ -118,7 +118,7 @@ class MessageStream:
         self.text += seq.text
         stop = matched_stop(self.text, seq.finish_reason, self.ctx.stop_sequences)
         reasoning, content, calls = self.parts.feed(self._release(seq.text, seq.finished, stop),
-                                                    [token.id for token in seq.tokens])
+                                                    seq.token_ids)
         if seq.finished:
             more_reasoning, tail, more = self.parts.finish()
             reasoning, content, calls = reasoning + more_reasoning, content + tail, calls + more

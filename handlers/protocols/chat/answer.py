@@ -179,7 +179,7 @@ class AnswerParts:
         else:
             split = self.reasoning.finish() if self.reasoning else Split()
             reasoning, (content, calls) = split.reasoning, self.tools.feed(split.content)
-        tail, more = ("", []) if self._engine_reads_calls else self.tools.finish()
+        tail, more = self._tools_finish()
         return reasoning, content + tail, calls + more
 
     def split(self, text: str, finished: bool, token_ids: Sequence[int] = ()) -> Split:
@@ -198,7 +198,7 @@ class AnswerParts:
         """A whole output's parts."""
         if self.engine is not None:
             reasoning, content, deltas = self._engine_piece(self.engine.whole(text, token_ids))
-            tail, more = ("", []) if self._engine_reads_calls else self.tools.finish()
+            tail, more = self._tools_finish()
             return reasoning, content + tail, collect_calls(deltas + more)
         reasoning, content, deltas = self.feed(text)
         more_reasoning, tail, more = self.finish()
@@ -207,6 +207,10 @@ class AnswerParts:
     @property
     def _engine_reads_calls(self) -> bool:
         return self.engine is not None and self.engine.reads_calls
+
+    def _tools_finish(self) -> tuple[str, list[CallDelta]]:
+        """The tool extractor's end, unless the engine read the calls itself."""
+        return ("", []) if self._engine_reads_calls else self.tools.finish()
 
     def _engine_piece(self, piece: AnswerPiece) -> tuple[str, str, list[CallDelta]]:
         """The engine's reading of a piece; its content through the tool extractor where the

@@ -101,6 +101,14 @@ def parse_call(value: Any, names: set[str]) -> ParsedCall | None:
     return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
+def parse_call_text(text: str, names: set[str]) -> ParsedCall | None:
+    """A call from JSON text (see `parse_call`); None where it does not parse."""
+    try:
+        return parse_call(json.loads(text), names)
+    except ValueError:
+        return None
+
+
 def arguments_call(name: str, arguments: str) -> ParsedCall | None:
     """A forced call to `name` from its generated arguments, unless they are not one whole JSON
     object (max_tokens cut them off): a client never gets arguments that do not parse."""

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.engine.types import RequestOutput, SequenceOutput, Token
+from handlers.engine.types import RequestOutput, SequenceOutput
 from handlers.protocols.chat.answer import AnswerParts, ChatOptions, ResponseContext
 from handlers.protocols.chat.logprobs import chat_logprobs
 from handlers.protocols.chat.tool_calls import CallDelta, ParsedCall
@@ -72,7 +72,7 @@ def render_chat_completion(ctx: ResponseContext, opts: ChatOptions, col: Folded
 
 def _message_choice(ctx: ResponseContext, opts: ChatOptions, choice: FoldedSequence
                     ) -> dict[str, Any]:
-    reasoning, content, calls = AnswerParts(opts).whole(choice.text, _ids(choice.tokens))
+    reasoning, content, calls = AnswerParts(opts).whole(choice.text, choice.token_ids)
     content = opts.echo_text + content
     blank = (calls and not content.strip()) or (reasoning and not content)
     message = {"role": "assistant", "content": None if blank else content,
@@ -129,13 +129,13 @@ class ChatStream:
                 chunks.append(self.chunk([_delta(seq.index, opening, None, None)]))
         state.completion_tokens = seq.generated_tokens
         if self.opts.tool_mode == "named":
-            split = state.parts.split(seq.text, seq.finished, _ids(seq.tokens))
+            split = state.parts.split(seq.text, seq.finished, seq.token_ids)
             delta = self._arguments_delta(state, split.content)
             if split.reasoning:
                 delta["reasoning_content"] = delta["reasoning"] = split.reasoning
             changed = bool(delta)
         else:
-            reasoning, content, calls = state.parts.feed(seq.text, _ids(seq.tokens))
+            reasoning, content, calls = state.parts.feed(seq.text, seq.token_ids)
             if seq.finished:
                 more_reasoning, tail, more = state.parts.finish()
                 reasoning, content, calls = reasoning + more_reasoning, content + tail, calls + more
@@ -179,6 +179,3 @@ def _delta(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None,
            reason: str | None) -> dict[str, Any]:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
-
-def _ids(tokens: list[Token]) -> list[int]:
-    return [token.id for token in tokens]

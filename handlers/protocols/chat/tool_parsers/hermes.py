@@ -5,11 +5,10 @@ that opens with JSON calls, one object or a list of them."""
 
 from __future__ import annotations
 
-import json
 from itertools import count
 
 from handlers.protocols.chat.tags import partial_tag_length
-from handlers.protocols.chat.tool_calls import CLOSE, OPEN, CallDelta, parse_call
+from handlers.protocols.chat.tool_calls import CLOSE, OPEN, CallDelta, parse_call_text
 from handlers.protocols.chat.tool_parsers.reading import CallSequence, JsonCall
 
 
@@ -98,10 +97,7 @@ class HermesParser:
         whole where it did not stream, else its text."""
         if self._call is not None and self._call.started:
             return "", []
-        try:
-            call = parse_call(json.loads(body), self.names)
-        except ValueError:
-            call = None
+        call = parse_call_text(body, self.names)
         if call is None:
             return OPEN + body + closing, []
         return "", [CallDelta(next(self._numbers), call.arguments, call.name)]

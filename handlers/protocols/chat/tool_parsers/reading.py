@@ -12,12 +12,11 @@ says so).
 from __future__ import annotations
 
 import ast
-import json
 import re
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from handlers.protocols.chat.tool_calls import CallDelta, ParsedCall, parse_call
+from handlers.protocols.chat.tool_calls import CallDelta, ParsedCall, parse_call, parse_call_text
 
 
 class Nesting:
@@ -110,10 +109,7 @@ class JsonCall:
     def whole(self, text: str) -> list[CallDelta]:
         if self.started or self.end is None:
             return []
-        try:
-            call = parse_call(json.loads(text[self.start:self.end]), self.names)
-        except ValueError:
-            return []
+        call = parse_call_text(text[self.start:self.end], self.names)
         if call is None:
             return []
         self.started = True
