@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
             levels += [{"peer": key, "round": round_, **measured}
                        for measured in run(peer, python, plan, args)]
             save(doc, args.out, stamp)  # so far: a run cut short keeps what it measured
-    machine["probes"] = [machine["bounds"], probes.bounds(PARAMETERS, args.threads)]
+    machine["probes"] = [machine["bounds"], probes.bounds(PARAMETERS, args.threads,
+                                                          _gguf_bytes())]
     machine["bounds"] = probes.highest(*machine["probes"])  # before and after the peers
     print()
     print(peer_table(doc))
@@ -119,9 +120,17 @@ def machine_info(threads: int) -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
                 .splitlines() if line.startswith("model name")), platform.processor())
     flags = cpu_flags()
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+    wanted = ("avx2", "avx_vnni", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16",
+              "amx_int8")
     return {"cpu": cpu, "flags": [f for f in wanted if f" {f}" in flags], "threads": threads,
-            "bounds": probes.bounds(PARAMETERS, threads)}
+            "bounds": probes.bounds(PARAMETERS, threads, _gguf_bytes())}
+
+
+def _gguf_bytes() -> int:
+    """The embedded model's GGUF: what one step reads where its blocks are served."""
+    from handlers.model_source import default_model_path
+
+    return default_model_path().stat().st_size
 
 
 def run_server(peer: Peer, python: Path, plan: dict, args: argparse.Namespace) -> list[Level]:

@@ -1,9 +1,11 @@
 """The machine's own bounds, measured where the benchmark runs: memory read bandwidth and
-float32 / bfloat16 matmul throughput, with the torch threads the servers get.
+float32 / bfloat16 / int8 matmul throughput, with the torch threads the servers get.
 
 A decode step reads every weight once, so one stream cannot beat bandwidth / weight bytes
-tokens per second; a batch costs ~2 FLOPs per parameter per token, so no level can beat
-matmul FLOP/s / (2 x parameters).
+tokens per second; a batch costs ~2 operations per parameter per token, so no level can beat
+matmul operations/s / (2 x parameters). The int8 bound is oneDNN's int8 GEMM (`torch._int_mm`:
+VNNI, or AMX where the CPU has it), the rate the quantized linears' int8 dot products could
+reach; the one-stream bound of quantized weights is bandwidth / the GGUF's bytes.
 """
 
 from __future__ import annotations
@@ -38,18 +40,30 @@ def matmul_flops(dtype: torch.dtype, n: int = 1024) -> float:
     return 2 * n**3 / best_of(5, lambda: torch.matmul(a, b))
 
 
+def int8_ops(n: int = 1024) -> float:
+    """Integer operations/s of an n x n by n x n int8 matmul (int32 sums)."""
+    a, b = (torch.randint(-127, 128, (n, n), dtype=torch.int8) for _ in range(2))
+    torch._int_mm(a, b)
+    return 2 * n**3 / best_of(5, lambda: torch._int_mm(a, b))
+
+
 def highest(*probed: dict[str, float]) -> dict[str, float]:
     """Each bound at its highest over several probes: a machine whose speed varies (a shared
     host) is judged against what it showed it can do."""
     return {key: max(run[key] for run in probed) for key in probed[0]}
 
 
-def bounds(parameters: int, threads: int) -> dict[str, float]:
-    """The probes, and the token rates they bound for a model of `parameters`."""
+def bounds(parameters: int, threads: int, quantized_bytes: int) -> dict[str, float]:
+    """The probes, and the token rates they bound for a model of `parameters` whose quantized
+    weights take `quantized_bytes`."""
     torch.set_num_threads(threads)
     bandwidth = read_bandwidth()
     flops = {"float32": matmul_flops(torch.float32), "bfloat16": matmul_flops(torch.bfloat16)}
+    int8 = int8_ops()
     return {
+        "int8_gop_s": int8 / 1e9,
+        "one_stream_quantized_tok_s": bandwidth / quantized_bytes,
+        "batch_int8_tok_s": int8 / (2 * parameters),
         "read_gb_s": bandwidth / 1e9,
         "fp32_gflop_s": flops["float32"] / 1e9,
         "bf16_gflop_s": flops["bfloat16"] / 1e9,

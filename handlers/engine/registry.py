@@ -34,8 +34,12 @@ class EngineEntry:
     # "module:function" listing the arguments it takes by name, where `package` is installed
     arguments: str | None = None
     package: str | None = None
+    # setting -> the values it takes with this engine (others stop startup, naming them)
+    choices: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
+# option.quantize on the torch engine (handlers/engine/torch/quantization.py says what each does)
+TORCH_QUANTIZE = ("auto", "none", "int8", "int4", "gguf")
 _ROLLING = frozenset({"option.max_rolling_batch_size", "option.max_rolling_batch_prefill_tokens",
                       "option.enable_chunked_prefill", "option.max_model_len"})
 _HF = frozenset({"option.dtype", "option.device", "option.trust_remote_code"})
@@ -49,10 +53,13 @@ _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_deg
 
 ENGINES = {
     # The torch engine compiles its CPU decode step unless option.enforce_eager=true; it applies
-    # LoRA adapters itself (handlers/engine/torch/lora.py).
+    # LoRA adapters itself (handlers/engine/torch/lora.py); option.quantize: int8, int4, none or
+    # auto (handlers/engine/torch/quantization.py).
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
                          _ROLLING | _HF | _SUPERVISED | _LORA | {"option.enforce_eager",
-                                                                 "option.enable_prefix_caching"}),
+                                                                 "option.enable_prefix_caching",
+                                                                 "option.quantize"},
+                         choices=(("option.quantize", TORCH_QUANTIZE),)),
     # Health turns false past option.engine_stall_timeout; vLLM's engine core is its own
     # process, not a loop of ours to restart. LoRA adapters are vLLM's own.
     # Any AsyncEngineArgs field may be given by name (option.<field>).
@@ -114,6 +121,8 @@ def check(config: Config) -> EngineEntry:
         if setting.engine and setting.key not in entry.supports and _departs(config, setting,
                                                                              entry):
             _refuse(config, setting, entry)
+    for key, values in entry.choices:
+        _check_choice(config, key, values, entry)
     if config.adapters and entry.name not in ("vllm", "torch"):
         _refuse_adapters(config, entry)
     return entry
@@ -217,6 +226,18 @@ def _refuse_adapters(config: Config, entry: EngineEntry) -> None:
         f"LoRA adapter {adapter.name!r} ({adapter.source}) is not supported by the "
         f"{entry.name} engine: it has no LoRA support here; the torch and vllm engines serve "
         "LoRA adapters (option.rolling_batch=torch or vllm)")
+
+
+def _check_choice(config: Config, key: str, values: tuple[str, ...], entry: EngineEntry) -> None:
+    setting = next(setting for setting in SETTINGS if setting.key == key)
+    value = getattr(config, setting.field)
+    if value is not None and str(value).lower() not in values:
+        others = [other.name for other in ENGINES.values() if other is not entry
+                  and key in other.supports and key not in dict(other.choices)]
+        raise ConfigError(
+            f"{key}={value} ({config.sources[setting.field]}) is not supported by the "
+            f"{entry.name} engine, which takes {', '.join(values)} (other values: "
+            f"{', '.join(others) or 'no engine of this build'})")
 
 
 def _refuse(config: Config, setting: Setting, entry: EngineEntry) -> None:

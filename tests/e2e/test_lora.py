@@ -66,8 +66,10 @@ def expected(lora_model) -> dict[str | None, str]:
 @pytest.fixture(scope="module")
 def url(lora_model):
     folder = lora_model[0]
-    with running_server("option.dtype=fp32", "option.embedding_model_id=none",
-                        "option.max_model_len=256", model_dir=folder,
+    # float32 linears: the adapters are checked against PEFT's merge of the float checkpoint
+    with running_server("option.dtype=fp32", "option.quantize=none",
+                        "option.embedding_model_id=none", "option.max_model_len=256",
+                        model_dir=folder,
                         log_path=folder / "server.log") as base:
         yield base
 

@@ -65,7 +65,8 @@ def passes_checks(model_dir: Path, *options: str) -> bool:
 
 @pytest.mark.parametrize(("option", "message"), [
     ("option.quantize=awq", "option.quantize=awq (command line) is not supported by the torch "
-                            "engine (supported by: vllm)"),
+                            "engine, which takes auto, none, int8, int4, gguf (other values: "
+                            "vllm)"),
     ("option.tensor_parallel_degree=2", "option.tensor_parallel_degree=2 (command line) is not "
                                         "supported by the torch engine"),
     ("option.pipeline_parallel_degree=2", "option.pipeline_parallel_degree=2 (command line) is "

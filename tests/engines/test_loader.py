@@ -263,12 +263,13 @@ def test_a_cache_written_concurrently_keeps_the_first_copy(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_the_embedded_default_reloads_identically_from_the_cache(tmp_path: Path) -> None:
     gguf = default_model_path()
-    cold = load_model(gguf, dtype="fp32", cache_dir=tmp_path)  # dequantizes (~30 s) and caches
+    # float linears: the conversion's weights as they are (quantize=none)
+    cold = load_model(gguf, dtype="fp32", cache_dir=tmp_path, quantize="none")  # ~30 s, cached
     entry = tmp_path / "gguf" / hashlib.sha256(gguf.read_bytes()).hexdigest()
     assert (entry / "model.safetensors").is_file()
     assert "quantization_config" not in json.loads((entry / "config.json").read_text())
 
-    warm = load_model(gguf, dtype="fp32", cache_dir=tmp_path)
+    warm = load_model(gguf, dtype="fp32", cache_dir=tmp_path, quantize="none")
     for loaded in (cold, warm):
         assert loaded.name == "smollm2-135m-instruct"
         assert loaded.source == str(gguf)

@@ -26,7 +26,8 @@ def build(config: Config) -> EngineBuild:
     config = with_source_adapters(config, source)
     loaded = load_model(source, dtype=config.dtype, device=config.device,
                         max_model_len=config.max_model_len,
-                        trust_remote_code=config.trust_remote_code, name=config.model_name)
+                        trust_remote_code=config.trust_remote_code, name=config.model_name,
+                        quantize=config.quantize)
     prefill = config.max_rolling_batch_prefill_tokens
     if not config.enable_chunked_prefill:  # whole prompts: a step prefills up to the context
         prefill = max(prefill, loaded.max_model_len)

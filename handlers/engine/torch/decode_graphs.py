@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 MEMORY_FACTOR = 6
 _EXIT_GRACE_S = 60  # how long a compile that left every graph may take to exit
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
-         "invariant_attention.py", "fused_projections.py", "graph_constants.py")
+         "invariant_attention.py", "fused_projections.py", "graph_constants.py",
+         "quant_linear.py", "quant_linear.cpp")
 Graph = Callable[..., torch.Tensor]
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -80,7 +81,8 @@ class DecodeGraphs:
             log.info("decode step runs eagerly: %s", why_not)
             return None
         job = {"source": loaded.source, "dtype": _DTYPES[loaded.dtype],
-               "max_model_len": loaded.max_model_len, "num_slots": num_slots, "max_len": max_len}
+               "max_model_len": loaded.max_model_len, "num_slots": num_slots, "max_len": max_len,
+               "quantize": loaded.quantize_mode}
         key = _key(loaded.model, job)
         directory = (cache_dir or default_cache_dir()) / "decode-graphs" / key
         return DecodeGraphs(directory, job, graph_specs(num_slots, job["dtype"]))

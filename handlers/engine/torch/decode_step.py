@@ -134,7 +134,7 @@ def compile_graphs(job: dict) -> None:
         if not wanted:
             return
         loaded = load_model(Path(job["source"]), dtype=job["dtype"], device="cpu",
-                            max_model_len=job["max_model_len"])
+                            max_model_len=job["max_model_len"], quantize=job["quantize"])
         fuse_projections(loaded.model)
         if job["dtype"] == "bf16":
             use_onednn_linears(loaded.model, loaded.dtype)

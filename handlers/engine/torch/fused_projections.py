@@ -12,21 +12,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from handlers.engine.torch.quant_linear import QuantLinear
+
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class SharedProjection(nn.Module):
-    def __init__(self, linears: list[nn.Linear]) -> None:
+    def __init__(self, linears: list[nn.Linear] | list[QuantLinear]) -> None:
         super().__init__()
         self.sizes = [linear.out_features for linear in linears]
-        first = linears[0]
-        # On the meta device: a random init of the fused weights would take ~0.6 s of a start.
-        self.fused = nn.Linear(first.in_features, sum(self.sizes), bias=first.bias is not None,
-                               dtype=first.weight.dtype, device="meta")
-        with torch.no_grad():
-            self.fused.weight = _joined([linear.weight for linear in linears])
-            if first.bias is not None:
-                self.fused.bias = _joined([linear.bias for linear in linears])
+        self.fused = QuantLinear.fused(linears) if isinstance(linears[0], QuantLinear) \
+            else _fused_linear(linears)
         self._input: torch.Tensor | None = None
         self._outputs: tuple[torch.Tensor, ...] = ()
         self._taken = 0
@@ -52,13 +48,26 @@ class ProjectionPart(nn.Module):
         return self.shared.output(self.index, x)
 
 
+def _fused_linear(linears: list[nn.Linear]) -> nn.Linear:
+    first = linears[0]
+    # On the meta device: a random init of the fused weights would take ~0.6 s of a start.
+    fused = nn.Linear(first.in_features, sum(linear.out_features for linear in linears),
+                      bias=first.bias is not None, dtype=first.weight.dtype, device="meta")
+    with torch.no_grad():
+        fused.weight = _joined([linear.weight for linear in linears])
+        if first.bias is not None:
+            fused.bias = _joined([linear.bias for linear in linears])
+    return fused
+
+
 def _joined(parts: list[torch.Tensor]) -> nn.Parameter:
     return nn.Parameter(torch.cat(parts))
 
 
 def fuse_projections(model: nn.Module) -> int:
     """Fuse every q/k/v and gate/up group of plain `nn.Linear`s with one input size, dtype and
-    bias setting; the number of groups fused."""
+    bias setting, or of quantized ones (quant_linear.py) with one input size; the number of
+    groups fused."""
     fused = 0
     for module in list(model.modules()):
         for names in GROUPS:
@@ -72,9 +81,11 @@ def fuse_projections(model: nn.Module) -> int:
 
 
 def _fusable(linears: list[object]) -> bool:
+    first = linears[0]
+    if all(type(linear) is QuantLinear for linear in linears):
+        return all(linear.in_features == first.in_features for linear in linears)
     if not all(type(linear) is nn.Linear for linear in linears):
         return False
-    first = linears[0]
     return all(linear.in_features == first.in_features
                and linear.weight.dtype == first.weight.dtype
                and linear.weight.device == first.weight.device

@@ -24,7 +24,7 @@ from handlers.engine import plain_tokenizer
 from handlers.engine.gguf.cache import convert_gguf, gguf_cache_entry
 from handlers.engine.machine import resolve_device
 from handlers.engine.plain_tokenizer import PlainTokenizer
-from handlers.engine.torch import llama_model
+from handlers.engine.torch import llama_model, quantization
 from handlers.engine.torch.dtype_probe import choose_cpu_dtype
 from handlers.model_source import derive_model_name
 
@@ -54,6 +54,8 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: set[int]
+    quantize: str = "none"  # the linears' weights: none (float), int8 or int4 (the narrowest)
+    quantize_mode: str = "none"  # what option.quantize resolved to (quantization.py's Plan)
 
 
 def check_dtype(dtype: str) -> None:
@@ -88,13 +90,24 @@ def load_model(
     trust_remote_code: bool = False,
     cache_dir: Path | None = None,
     name: str | None = None,
+    quantize: str | None = None,
 ) -> LoadedModel:
     """Load `source` (from `model_source.resolve_model_source`) as an eval-mode causal LM on
-    `device`; `name` is the served name (else derived from the file's)."""
+    `device`; `name` is the served name (else derived from the file's); `quantize`:
+    option.quantize (quantization.py)."""
     started = time.perf_counter()
     target = resolve_device(device)
-    check_dtype(dtype)  # reject a bad option.dtype before any slow work
+    check_dtype(dtype)  # reject a bad option.dtype or option.quantize before any slow work
+    quantization.check_mode(quantize)
+    plan = quantization.plan(quantize, source, target)
+    if plan.mode != "none" and dtype.lower() == "auto":
+        dtype = "fp32"  # the quantized linears take float32 in; the rest follows
+    logger.info("option.quantize=%s: %s (%s)", quantize or "auto", plan.mode, plan.why)
     model, tokenizer, origin = _load_weights(source, dtype, target, trust_remote_code, cache_dir)
+    quantized = "none"
+    if plan.mode != "none":
+        quantized = quantization.quantize_model(model, plan.mode, source, cache_dir)
+        origin += f"; linear layers {quantized}"
     model.to(target).eval()
     loaded = LoadedModel(
         model=model,
@@ -105,6 +118,8 @@ def load_model(
         device=target,
         dtype=model.dtype,
         eos_token_ids=_eos_token_ids(model, tokenizer),
+        quantize=quantized,
+        quantize_mode=plan.mode,
     )
     logger.info(
         "Loaded %s from %s (%s): dtype=%s device=%s max_model_len=%d eos=%s in %.1f s",

@@ -25,6 +25,7 @@ from torch import nn
 
 from handlers.engine.torch.fused_projections import GROUPS, ProjectionPart
 from handlers.engine.torch.lora_weights import AdapterWeights, ModuleUpdate, read_adapter
+from handlers.engine.torch.quant_linear import QuantLinear
 from handlers.engine.types import AdapterError
 
 SINGLE = ("o_proj", "down_proj", *(name for group in GROUPS for name in group))
@@ -152,7 +153,7 @@ class LoraSet:
                         LoraLinear(shared.fused, shared.fused.in_features, parts, self.rows))
             for name in SINGLE:
                 child = getattr(module, name, None)
-                if type(child) is nn.Linear:
+                if type(child) in (nn.Linear, QuantLinear):
                     part = _Part(_joined(prefix, name), 0, child.out_features)
                     setattr(module, name, self._add_site(
                         LoraLinear(child, child.in_features, [part], self.rows)))

@@ -1,0 +1,69 @@
+"""A linear layer's weights in 4- or 8-bit groups of 32 inputs, as GGUF's blocks hold them:
+w = d * u + m, with u an unsigned integer (0..15 or 0..255) and, per output and group, a scale d
+and a min m (float16, as GGUF stores them).
+
+GGUF's types map onto this as they are (gguf_blocks.py): Q4_0 (m = -8d), Q4_1, Q8_0 (u = q + 128,
+m = -128d). A float checkpoint is quantized at load by `from_float`: 8 bits symmetric per group
+(Q8_0's rule), 4 bits with a min per group (Q4_1's rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROUP = 32  # inputs of a group
+LEVELS = {4: 15, 8: 255}  # the largest u of each width
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    values: torch.Tensor  # uint8 [out, in]: u
+    scales: torch.Tensor  # float16 [out, in / GROUP]: d
+    mins: torch.Tensor  # float16 [out, in / GROUP]: m
+    bits: int  # 4 or 8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.values.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [out, in] these blocks stand for."""
+        out, size = self.values.shape
+        u = self.values.view(out, size // GROUP, GROUP).float()
+        w = self.scales.float()[..., None] * u + self.mins.float()[..., None]
+        return w.reshape(out, size)
+
+    def rows(self, order: torch.Tensor) -> QuantizedWeight:
+        """The same blocks with their outputs reordered (`order` indexes the outputs)."""
+        return QuantizedWeight(self.values[order], self.scales[order], self.mins[order],
+                               self.bits)
+
+
+def from_float(weight: torch.Tensor, bits: int) -> QuantizedWeight:
+    """`weight` [out, in] quantized in groups of 32: 8 bits symmetric (d = max|w| / 127, as
+    Q8_0), 4 bits between each group's min and max (as Q4_1). The scale is rounded to float16
+    before the values are computed from it, so they agree with what the kernel multiplies."""
+    out, size = weight.shape
+    w = weight.detach().float().reshape(out, size // GROUP, GROUP)
+    if bits == 8:
+        scales = (w.abs().amax(-1) / 127).half()
+        mins = (scales.float() * -128).half()  # exact: a power of two
+    elif bits == 4:
+        low, high = w.amin(-1), w.amax(-1)
+        scales, mins = ((high - low) / LEVELS[4]).half(), low.half()
+    else:
+        raise ValueError(f"bits must be 4 or 8, not {bits}")
+    d, m = scales.float()[..., None], mins.float()[..., None]
+    u = torch.where(d > 0, torch.round((w - m) / torch.where(d > 0, d, 1)), 0)
+    values = u.clamp(0, LEVELS[bits]).to(torch.uint8).reshape(out, size)
+    return QuantizedWeight(values, scales, mins, bits)
+
+
+def joined(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Blocks of several layers reading one input, their outputs one after another (a fused
+    projection's); 4-bit where every part is, else 8-bit (4-bit values fit as they are)."""
+    bits = max(part.bits for part in parts)
+    return QuantizedWeight(*(torch.cat([getattr(p, field) for p in parts])
+                             for field in ("values", "scales", "mins")), bits)

@@ -1,0 +1,255 @@
+// lmi::quant_linear: a linear layer over 4- or 8-bit weights in groups of 32 (GGUF's blocks),
+// computed as llama.cpp computes its quantized dot products: each input row quantized to int8 in
+// groups of 32, each group's products summed in int32 (exact), the groups' sums scaled and
+// added in float32 in one fixed order. Integer sums are exact whatever unit computes them
+// (AVX-512 VNNI, AVX2, plain C++), so a row's output depends on that row alone: not the batch,
+// the thread count or the path the CPU takes (quantized_linear.py says more).
+//
+// Weights: values u (0..15, or 0..255) with, per output and group, a scale d and a min m:
+// w = d * u + m. Laid out for the vector units in tiles of 16 outputs: a group of a tile is
+// 8 chunks of 4 inputs, chunk c holding u[n][4c..4c+3] for n = 0..15 (64 bytes); 4-bit
+// weights hold chunks 2p and 2p+1 in the low and high nibbles of pair p's 64 bytes.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t GROUP = 32;  // inputs of a group
+constexpr int64_t TILE = 16;   // outputs of a tile
+constexpr int64_t CHUNKS = GROUP / 4;
+constexpr int64_t ROWS = 4;  // input rows computed together, sharing a tile's loaded weights
+
+// An input's rows quantized: q (int8, [rows, k]); per (row, group) its scale, the scale times
+// the sum of its q (the min's weight) and that sum itself.
+struct Rows {
+    std::vector<int8_t> q;
+    std::vector<float> scale, offset;
+    std::vector<int32_t> sum;
+    int64_t k, groups;
+};
+
+Rows quantize(const float *x, int64_t rows, int64_t k) {
+    Rows r{std::vector<int8_t>(rows * k), std::vector<float>(rows * (k / GROUP)),
+           std::vector<float>(rows * (k / GROUP)), std::vector<int32_t>(rows * (k / GROUP)), k,
+           k / GROUP};
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t row = begin; row < end; ++row) {
+            for (int64_t g = 0; g < r.groups; ++g) {
+                const float *v = x + row * k + g * GROUP;
+                float amax = 0.0f;
+                for (int64_t i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
+                const float inv = amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
+                int8_t *q = r.q.data() + row * k + g * GROUP;
+                int32_t sum = 0;
+                for (int64_t i = 0; i < GROUP; ++i) {
+                    float t = std::nearbyint(v[i] * inv);
+                    t = t != t ? 0.0f : std::clamp(t, -127.0f, 127.0f);
+                    q[i] = static_cast<int8_t>(t);
+                    sum += q[i];
+                }
+                const int64_t at = row * r.groups + g;
+                r.scale[at] = amax / 127.0f;
+                r.offset[at] = r.scale[at] * static_cast<float>(sum);
+                r.sum[at] = sum;
+            }
+        }
+    });
+    return r;
+}
+
+int32_t four_bytes(const int8_t *p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// 16 outputs per vector; u8 x s8 products summed by vpdpbusd.
+template <int R, int BITS>
+void tile(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &x, int64_t row0,
+          float *y, int64_t n_total) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const int64_t bytes = BITS == 4 ? 256 : 512;
+    for (int64_t g = 0; g < x.groups; ++g) {
+        const uint8_t *wg = w + g * bytes;
+        __m512i u[CHUNKS];
+        for (int c = 0; c < CHUNKS; ++c) {
+            if constexpr (BITS == 4) {
+                const __m512i pair = _mm512_loadu_si512(wg + 64 * (c / 2));
+                u[c] = c % 2 == 0 ? _mm512_and_si512(pair, low)
+                                  : _mm512_and_si512(_mm512_srli_epi16(pair, 4), low);
+            } else {
+                u[c] = _mm512_loadu_si512(wg + 64 * c);
+            }
+        }
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + g * TILE)));
+        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + g * TILE)));
+        for (int r = 0; r < R; ++r) {
+            const int64_t row = row0 + r;
+            const int8_t *q = x.q.data() + row * x.k + g * GROUP;
+            __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two chains
+            for (int c = 0; c < CHUNKS; ++c)
+                s[c % 2] = _mm512_dpbusd_epi32(s[c % 2], u[c], _mm512_set1_epi32(four_bytes(q + 4 * c)));
+            const int64_t at = row * x.groups + g;
+            const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(x.scale[at]));
+            acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])), acc[r]);
+            acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.offset[at]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (row0 + r) * n_total, acc[r]);
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// 8 outputs per vector, a tile in two halves; u8 x s8 pairs by vpmaddubsw (16-bit, saturating:
+// 8-bit weights go signed, their sign moved onto the input, and come back as u = w + 128).
+template <int BITS>
+__m256i dot(__m256i u, __m256i q) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (BITS == 4) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
+    const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w)), ones);
+}
+
+template <int R, int BITS>
+void tile(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &x, int64_t row0,
+          float *y, int64_t n_total) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const int64_t bytes = BITS == 4 ? 256 : 512;
+    for (int64_t g = 0; g < x.groups; ++g) {
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *wg = w + g * bytes + 32 * h;
+            __m256i u[CHUNKS];
+            for (int c = 0; c < CHUNKS; ++c) {
+                if constexpr (BITS == 4) {
+                    const __m256i pair = _mm256_loadu_si256((const __m256i *)(wg + 64 * (c / 2)));
+                    u[c] = c % 2 == 0 ? _mm256_and_si256(pair, low)
+                                      : _mm256_and_si256(_mm256_srli_epi16(pair, 4), low);
+                } else {
+                    u[c] = _mm256_loadu_si256((const __m256i *)(wg + 64 * c));
+                }
+            }
+            const __m256 dv =
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + g * TILE + 8 * h)));
+            const __m256 mv =
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + g * TILE + 8 * h)));
+            for (int r = 0; r < R; ++r) {
+                const int64_t row = row0 + r;
+                const int8_t *q = x.q.data() + row * x.k + g * GROUP;
+                __m256i s = _mm256_setzero_si256();
+                for (int c = 0; c < CHUNKS; ++c)
+                    s = _mm256_add_epi32(
+                        s, dot<BITS>(u[c], _mm256_set1_epi32(four_bytes(q + 4 * c))));
+                const int64_t at = row * x.groups + g;
+                if constexpr (BITS == 8) s = _mm256_add_epi32(s, _mm256_set1_epi32(x.sum[at] * 128));
+                const __m256 scale = _mm256_mul_ps(dv, _mm256_set1_ps(x.scale[at]));
+                acc[r][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x.offset[at]), acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(y + (row0 + r) * n_total + 8 * h, acc[r][h]);
+}
+#else
+// Plain C++: the same integer sums and the same float operations in the same order.
+template <int R, int BITS>
+void tile(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &x, int64_t row0,
+          float *y, int64_t n_total) {
+    const int64_t bytes = BITS == 4 ? 256 : 512;
+    for (int r = 0; r < R; ++r) {
+        const int64_t row = row0 + r;
+        for (int64_t n = 0; n < TILE; ++n) {
+            float acc = 0.0f;
+            for (int64_t g = 0; g < x.groups; ++g) {
+                const uint8_t *wg = w + g * bytes;
+                const int8_t *q = x.q.data() + row * x.k + g * GROUP;
+                int32_t s = 0;
+                for (int64_t c = 0; c < CHUNKS; ++c)
+                    for (int64_t j = 0; j < 4; ++j) {
+                        const uint8_t byte = wg[64 * (BITS == 4 ? c / 2 : c) + 4 * n + j];
+                        const int32_t u = BITS == 8 ? byte : c % 2 == 0 ? byte & 15 : byte >> 4;
+                        s += u * q[4 * c + j];
+                    }
+                const int64_t at = row * x.groups + g;
+                const float scale = static_cast<float>(d[g * TILE + n]) * x.scale[at];
+                acc = std::fma(scale, static_cast<float>(s), acc);
+                acc = std::fma(static_cast<float>(m[g * TILE + n]), x.offset[at], acc);
+            }
+            y[row * n_total + n] = acc;
+        }
+    }
+}
+#endif
+
+template <int BITS>
+void run(const Rows &x, int64_t rows, const uint8_t *w, const c10::Half *d, const c10::Half *m,
+         int64_t tiles, float *y) {
+    const int64_t n_total = tiles * TILE;
+    const int64_t tile_bytes = x.groups * (BITS == 4 ? 256 : 512);
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const uint8_t *wt = w + t * tile_bytes;
+            const c10::Half *dt = d + t * x.groups * TILE, *mt = m + t * x.groups * TILE;
+            float *yt = y + t * TILE;
+            int64_t row = 0;
+            for (; row + ROWS <= rows; row += ROWS) tile<ROWS, BITS>(wt, dt, mt, x, row, yt, n_total);
+            for (; row < rows; ++row) tile<1, BITS>(wt, dt, mt, x, row, yt, n_total);
+        }
+    });
+}
+
+at::Tensor quant_linear(const at::Tensor &input, const at::Tensor &weights,
+                        const at::Tensor &scales, const at::Tensor &mins, int64_t bits) {
+    TORCH_CHECK(bits == 4 || bits == 8, "quant_linear: bits must be 4 or 8");
+    TORCH_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16,
+                "quant_linear: the input must be float32 or bfloat16");
+    TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 3 && weights.is_contiguous(),
+                "quant_linear: weights must be uint8 [tiles, groups, bytes], contiguous");
+    const int64_t tiles = weights.size(0), groups = weights.size(1), k = groups * GROUP;
+    TORCH_CHECK(weights.size(2) == (bits == 4 ? 256 : 512), "quant_linear: bad tile size");
+    TORCH_CHECK(input.size(-1) == k, "quant_linear: the input has ", input.size(-1),
+                " features, the weights ", k);
+    for (const at::Tensor *t : {&scales, &mins})
+        TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->numel() == tiles * groups * TILE,
+                    "quant_linear: scales and mins must be float16 [tiles, groups, 16], contiguous");
+    // bf16 comes in as it is and goes out rounded to bf16, as an op of that dtype would: a
+    // compiled graph then cannot skip the roundings an eager pass makes around the op.
+    const at::Tensor x = input.contiguous().to(at::kFloat);
+    const int64_t rows = x.numel() / k;
+    std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
+    shape.back() = tiles * TILE;
+    at::Tensor out = at::empty(shape, x.options());
+    if (rows == 0) return out.to(input.scalar_type());
+    const Rows quantized = quantize(x.data_ptr<float>(), rows, k);
+    const auto *d = scales.data_ptr<c10::Half>(), *m = mins.data_ptr<c10::Half>();
+    if (bits == 4)
+        run<4>(quantized, rows, weights.data_ptr<uint8_t>(), d, m, tiles, out.data_ptr<float>());
+    else
+        run<8>(quantized, rows, weights.data_ptr<uint8_t>(), d, m, tiles, out.data_ptr<float>());
+    return out.to(input.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(lmi_quant, m) {
+    m.def("quant_linear(Tensor input, Tensor weights, Tensor scales, Tensor mins, int bits) "
+          "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(lmi_quant, CPU, m) { m.impl("quant_linear", &quant_linear); }

@@ -1,0 +1,121 @@
+"""Linear layers over 4- and 8-bit weights on the CPU (`option.quantize`), computed as llama.cpp
+computes its quantized dot products.
+
+A one-row decode step is bound by reading the weights: float32 reads 32 bits a weight, GGUF's
+Q4_1 blocks 5. And int8 dot products run at several times float32's rate where the CPU has
+VNNI (AVX-512 or AVX-VNNI). `lmi_quant::quant_linear` (quant_linear.cpp) reads the weights in
+their blocks and quantizes each input row to int8 in groups of 32, sums each group's products
+in int32 and adds the groups' scaled sums in float32, in one order.
+
+Why the inputs are quantized at every batch size, not only where it is compute-bound: integer
+sums are exact, so every unit gives the same sums, and a row's output never depends on the
+rows beside it or on which kernel a batch's size chose. A weight-only kernel at one row and an
+int8 GEMM at 32 would give a request alone and the same request in a batch different logits.
+
+The kernel is built like invariant_attention's, on first use, for this CPU: AVX-512 VNNI,
+else AVX2 (vpmaddubsw), else plain C++, each giving the same bits.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from handlers.engine import native_build
+from handlers.engine.torch.quant_blocks import GROUP, QuantizedWeight, joined
+
+SOURCE = Path(__file__).with_name("quant_linear.cpp")
+TILE = 16  # outputs of a tile (the kernel's layout)
+CHUNK = 4  # inputs of a chunk: one int32 lane of a vector
+
+
+class QuantLinear(nn.Module):
+    """`nn.Linear`'s forward (no bias) over `QuantizedWeight` blocks, packed for the kernel."""
+
+    def __init__(self, blocks: QuantizedWeight) -> None:
+        super().__init__()
+        self.out_features, self.in_features = blocks.shape
+        self.bits = blocks.bits
+        weights, scales, mins = pack(blocks)
+        self.weights = nn.Buffer(weights)
+        self.scales = nn.Buffer(scales)
+        self.mins = nn.Buffer(mins)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return self(x.float()).to(x.dtype)
+        return torch.ops.lmi_quant.quant_linear(x, self.weights, self.scales, self.mins,
+                                                self.bits)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"int{self.bits} groups of {GROUP}"
+
+    @staticmethod
+    def fused(parts: list[QuantLinear]) -> QuantLinear:
+        """One layer computing `parts`' outputs one after another (they read one input)."""
+        return QuantLinear(joined([part.unpacked() for part in parts]))
+
+    def unpacked(self) -> QuantizedWeight:
+        """The blocks this layer was packed from."""
+        return unpack(self.weights, self.scales, self.mins, self.bits)
+
+
+def fits(out_features: int, in_features: int) -> bool:
+    """Whether the kernel takes a layer of this shape (whole tiles and groups)."""
+    return out_features % TILE == 0 and in_features % GROUP == 0
+
+
+def pack(blocks: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's layout: weights uint8 [tiles, groups, 512 or 256], scales and mins float16
+    [tiles, groups, 16] (quant_linear.cpp describes it)."""
+    out, size = blocks.shape
+    if not fits(out, size):
+        raise ValueError(f"a {out}x{size} layer is not whole tiles of {TILE} outputs and groups of "
+                         f"{GROUP} inputs")
+    tiles, groups, chunks = out // TILE, size // GROUP, GROUP // CHUNK
+    u = blocks.values.view(tiles, TILE, groups, chunks, CHUNK).permute(0, 2, 3, 1, 4)
+    if blocks.bits == 4:  # chunks 2p and 2p+1 in the low and high nibbles of pair p
+        pairs = u.reshape(tiles, groups, chunks // 2, 2, TILE, CHUNK)
+        u = pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)
+    weights = u.reshape(tiles, groups, -1).contiguous()
+
+    def per_tile(t: torch.Tensor) -> torch.Tensor:
+        return t.view(tiles, TILE, groups).transpose(1, 2).contiguous()
+
+    return weights, per_tile(blocks.scales.half()), per_tile(blocks.mins.half())
+
+
+def unpack(weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+           bits: int) -> QuantizedWeight:
+    """`pack`'s inverse."""
+    tiles, groups, _ = weights.shape
+    u = weights
+    if bits == 4:
+        pairs = u.view(tiles, groups, -1, 1, TILE, CHUNK)
+        u = torch.cat([pairs & 15, pairs >> 4], dim=3)
+    u = u.reshape(tiles, groups, GROUP // CHUNK, TILE, CHUNK).permute(0, 3, 1, 2, 4)
+
+    def per_output(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(1, 2).reshape(tiles * TILE, groups)
+
+    return QuantizedWeight(u.reshape(tiles * TILE, groups * GROUP), per_output(scales),
+                           per_output(mins), bits)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the kernel is loaded (built on first use, once per process)."""
+    if not native_build.load(SOURCE, "quantized weights are served dequantized to float"):
+        return False
+    torch.library.register_fake("lmi_quant::quant_linear")(_shape)
+    return True
+
+
+def _shape(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+           bits: int) -> torch.Tensor:
+    """What torch.export traces the op as: [..., out] in the input's dtype."""
+    return x.new_empty((*x.shape[:-1], weights.shape[0] * TILE))

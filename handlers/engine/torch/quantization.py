@@ -1,0 +1,148 @@
+"""`option.quantize` for the torch engine: which linear layers run on quantized weights
+(quant_linear.py), decided at load.
+
+- `int4`: 4-bit groups. From a GGUF, its blocks as they are (4-bit ones stay 4-bit, 8-bit and
+  6-bit ones run at 8 bits); from a float checkpoint, quantized at load (the LM head at 8 bits,
+  as llama.cpp's 4-bit files keep theirs wider).
+- `int8`: 8-bit groups: a float checkpoint quantized at load; a GGUF's blocks widened to 8 bits.
+- `none`: float linears (a GGUF's blocks dequantized to float).
+- `gguf`: a GGUF's quantized blocks as they are, its float tensors float (what `auto` picks for a
+  GGUF where the kernel is faster; a float checkpoint has none).
+- `auto` (the default): a GGUF's own blocks where the kernel beats float matmul on this CPU
+  (a probe at startup, logged), its float tensors staying float; a float checkpoint keeps its
+  float weights.
+
+Blocks are read from GGUFs of Llama-architecture models (llama.cpp's converter reorders their
+q/k rows; gguf_blocks.py puts them back); other GGUFs are quantized from their float values.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from handlers.engine.registry import TORCH_QUANTIZE
+from handlers.engine.torch import gguf_blocks, quant_linear
+from handlers.engine.torch.dtype_probe import choose_cpu_dtype
+from handlers.engine.torch.llama_model import is_llama
+from handlers.engine.torch.quant_blocks import QuantizedWeight, from_float
+from handlers.engine.torch.quant_linear import QuantLinear
+
+MODES = TORCH_QUANTIZE
+_PROBE = (1024, 1024)  # (out, in) of the probe's layer
+_PROBE_ROWS = (1, 16)  # a one-stream step, and a batch
+_REPEATS = 5
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str  # none | int8 | int4 | gguf
+    why: str  # for the log
+
+
+def check_mode(value: str | None) -> str:
+    """option.quantize, lower-cased (unset: auto); ValueError for a value the engine lacks."""
+    mode = (value or "auto").lower()
+    if mode not in MODES:
+        raise ValueError(f"option.quantize {value!r}: the torch engine takes {', '.join(MODES)} "
+                         "(AWQ, GPTQ, FP8 and bitsandbytes weights are vLLM's: "
+                         "option.rolling_batch=vllm)")
+    return mode
+
+
+def plan(value: str | None, source: Path, device: torch.device) -> Plan:
+    """What option.quantize=`value` does for `source` on `device`."""
+    mode = check_mode(value)
+    if mode == "none":
+        return Plan("none", "option.quantize=none")
+    explicit = mode != "auto"
+    why_not = _unavailable(device)
+    if why_not is not None:
+        if explicit:
+            raise ValueError(f"option.quantize={mode}: {why_not}")
+        return Plan("none", why_not)
+    if explicit:
+        return Plan(mode, f"option.quantize={mode}")
+    if source.suffix.lower() != ".gguf":
+        return Plan("none", "a float checkpoint keeps its float weights (option.quantize=int8 "
+                            "or int4 quantizes it at load)")
+    return _probe()
+
+
+def _unavailable(device: torch.device) -> str | None:
+    if device.type != "cpu":
+        return f"quantized linears run on the CPU only (here {device})"
+    if not quant_linear.available():
+        return "the quantized-linear kernel could not be built here"
+    return None
+
+
+def _probe() -> Plan:
+    """A GGUF's blocks where the kernel beats the float dtype this CPU would serve in, over a
+    one-row and a 16-row matmul together (geometric mean)."""
+    dtype, _ = choose_cpu_dtype()
+    out, size = _PROBE
+    weight = torch.randn(out, size) * 0.05
+    quantized = QuantLinear(from_float(weight, 4))
+    float_weight = weight.to(dtype)
+    speedups = []
+    for rows in _PROBE_ROWS:
+        x = torch.randn(rows, size)
+        x_float = x.to(dtype)
+        quant_s = _best(lambda x=x: quantized(x))
+        float_s = _best(lambda x=x_float: torch.nn.functional.linear(x, float_weight))
+        speedups.append(float_s / quant_s)
+    measured = ", ".join(f"{s:.1f}x at {r} row{'s' * (r > 1)}"
+                         for s, r in zip(speedups, _PROBE_ROWS, strict=True))
+    name = str(dtype).removeprefix("torch.")
+    cpu = torch.backends.cpu.get_cpu_capability()
+    if speedups[0] * speedups[1] >= 1:
+        return Plan("gguf", f"the GGUF's blocks: the kernel runs {measured} {name}'s speed "
+                            f"here ({cpu})")
+    return Plan("none", f"dequantized to {name}: the kernel runs {measured} {name}'s speed "
+                        f"here ({cpu})")
+
+
+def _best(call) -> float:
+    call()
+    best = float("inf")
+    for _ in range(_REPEATS):
+        began = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def quantize_model(model: nn.Module, mode: str, source: Path,
+                   cache_dir: Path | None = None) -> str:
+    """Replace `model`'s linear layers by quantized ones for `mode` (a `Plan`'s): from
+    `source`'s blocks where it is a Llama GGUF, else quantized from the float weights (`gguf`:
+    the blocks only). What the model's linears now are: none, int8 or int4 (the narrowest)."""
+    bits = 4 if mode == "int4" else 8
+    blocks: dict[str, QuantizedWeight] = {}
+    if source.suffix.lower() == ".gguf" and is_llama(model):
+        config = model.config
+        blocks = gguf_blocks.cached_blocks(source, config.num_attention_heads,
+                                           config.num_key_value_heads, cache_dir)
+    widths = set()
+    for name, linear in [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]:
+        if linear.bias is not None or not quant_linear.fits(linear.out_features,
+                                                            linear.in_features):
+            continue
+        weight = blocks.get(name)
+        if weight is None and mode == "gguf":
+            continue
+        if weight is None:
+            weight = from_float(linear.weight, 8 if name == "lm_head" else bits)
+        elif mode == "int8" and weight.bits == 4:
+            weight = QuantizedWeight(weight.values, weight.scales, weight.mins, 8)
+        model.set_submodule(name, QuantLinear(weight))
+        widths.add(weight.bits)
+    return "none" if not widths else f"int{min(widths)}"
