@@ -12,11 +12,13 @@ from engine_requests import run
 from tiny_model import make_tiny_model_dir
 
 from bench import accuracy
+from bench.prompts import QUESTIONS, chat_prompt
 from handlers.config import ConfigError, load_config, parse_args
 from handlers.engine import registry
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.quant_linear import QuantLinear, available
+from handlers.model_source import default_model_path
 
 pytestmark = pytest.mark.skipif(not available(), reason="no C++ compiler here")
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Deep learning is",
@@ -61,6 +63,30 @@ def test_unknown_or_vllm_only_quantizations_are_refused_by_the_torch_engine(tiny
             registry.check(load_config(parse_args(argv), env={}))
     with pytest.raises(ValueError, match="option.quantize 'awq': the torch engine takes"):
         load_model(tiny_dir, quantize="awq")
+
+
+@pytest.mark.slow
+async def test_the_default_serves_the_gguf_blocks_and_a_greedy_answer_ignores_its_batch():
+    """The embedded model as `auto` serves it where the kernel is faster: its Q4_1/Q8_0 blocks;
+    32 greedy answers decoded together, arriving one after another, equal each alone."""
+    loaded = load_model(default_model_path())
+    if loaded.quantize_mode != "gguf":
+        pytest.skip(f"auto serves float linears on this CPU ({loaded.quantize_mode})")
+    assert loaded.quantize == "int4"
+    engine = TorchEngine(loaded, max_batch_size=32, max_prefill_tokens=512)
+    await engine.start()
+    try:
+        prompts = [chat_prompt(question) for question in QUESTIONS]
+        alone = [(await run(engine, p, max_new_tokens=24))[0]["ids"] for p in prompts[:8]]
+
+        async def arriving(index: int, prompt: str):
+            await asyncio.sleep(index * 0.05)
+            return (await run(engine, prompt, max_new_tokens=24))[0]["ids"]
+
+        together = await asyncio.gather(*(arriving(i, p) for i, p in enumerate(prompts)))
+        assert together[:8] == alone
+    finally:
+        await engine.shutdown()
 
 
 @pytest.mark.slow
