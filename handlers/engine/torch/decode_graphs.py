@@ -85,7 +85,8 @@ class DecodeGraphs:
                "quantize": loaded.quantize_mode}
         key = _key(loaded.model, job)
         directory = (cache_dir or default_cache_dir()) / "decode-graphs" / key
-        return DecodeGraphs(directory, job, graph_specs(num_slots, job["dtype"]))
+        return DecodeGraphs(directory, job, graph_specs(num_slots, job["dtype"],
+                                                        job["quantize"]))
 
     def start(self) -> None:
         """Load the graphs from the cache, or compile them beside the server (once)."""

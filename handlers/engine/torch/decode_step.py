@@ -57,10 +57,13 @@ class GraphSpec:
     example_rows: int  # the row count autotuning times the GEMMs at
 
 
-def graph_specs(num_slots: int, dtype: str) -> list[GraphSpec]:
-    """float32: one row, and 2..num_slots rows (each autotuned for its shape); bfloat16: one graph
-    for every row count."""
-    if dtype == "bf16":
+def graph_specs(num_slots: int, dtype: str, quantize: str = "none") -> list[GraphSpec]:
+    """float32: one row, and 2..num_slots rows (each autotuned for its shape); bfloat16, and
+    quantized linears: one graph for every row count. The two float32 graphs round differently
+    (~1e-6 apart); quantized linears round each input to int8, where such a difference can move
+    a value by a whole step and, some tokens later, the text: one graph keeps a row's text
+    independent of its batch."""
+    if dtype == "bf16" or quantize != "none":
         return [GraphSpec(f"rows-1-{num_slots}", 1, num_slots, min(16, num_slots))]
     specs = [GraphSpec("rows-1", 1, 1, 1)]
     if num_slots >= 2:
@@ -129,7 +132,8 @@ def compile_graphs(job: dict) -> None:
     directory = Path(job["directory"])
     with (directory / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another server compiling the same: wait for it
-        wanted = [s for s in graph_specs(job["num_slots"], job["dtype"]) if s.name in job["graphs"]
+        wanted = [s for s in graph_specs(job["num_slots"], job["dtype"], job["quantize"])
+                  if s.name in job["graphs"]
                   and not (directory / f"{s.name}.pt2").exists()]
         if not wanted:
             return
