@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import test_torch_engine
 from engine_requests import run
 from tiny_model import make_tiny_model_dir
 
@@ -38,14 +39,7 @@ async def test_seeded_tokens_do_not_depend_on_the_batch_on_quantized_linears(tin
     engine = TorchEngine(loaded, max_batch_size=8)
     await engine.start()
     try:
-        params = dict(do_sample=True, temperature=1.0, top_p=0.9, seed=42, max_new_tokens=16,
-                      ignore_eos=True)
-        [alone] = await run(engine, PROMPTS[1], **params)
-        crowd = await asyncio.gather(
-            run(engine, PROMPTS[0], do_sample=True, max_new_tokens=20, ignore_eos=True),
-            run(engine, PROMPTS[1], **params),
-            run(engine, PROMPTS[2], do_sample=True, seed=7, max_new_tokens=12, ignore_eos=True))
-        assert crowd[1][0]["ids"] == alone["ids"]
+        await test_torch_engine.test_seed_gives_same_text_whatever_the_batch(engine)
         [greedy_alone] = await run(engine, PROMPTS[2], max_new_tokens=12, ignore_eos=True)
         batch = await asyncio.gather(*(run(engine, p, max_new_tokens=12, ignore_eos=True)
                                        for p in PROMPTS))

@@ -8,6 +8,7 @@ does not depend on the rows beside it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -39,10 +40,15 @@ def matmul_gflops(dtype: torch.dtype) -> float:
     """The best of a few timed (rows x size) @ (size x size) products, after one warm-up."""
     a = torch.randn(_ROWS, _SIZE, dtype=dtype)
     b = torch.randn(_SIZE, _SIZE, dtype=dtype)
-    torch.mm(a, b)
+    return 2 * _ROWS * _SIZE * _SIZE / best_seconds(lambda: torch.mm(a, b), _REPEATS) / 1e9
+
+
+def best_seconds(call: Callable[[], object], repeats: int) -> float:
+    """The fastest of `repeats` timed calls, after one untimed."""
+    call()
     best = float("inf")
-    for _ in range(_REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
-        torch.mm(a, b)
+        call()
         best = min(best, time.perf_counter() - start)
-    return 2 * _ROWS * _SIZE * _SIZE / best / 1e9
+    return best

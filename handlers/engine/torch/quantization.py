@@ -19,7 +19,6 @@ q/k rows; gguf_blocks.py puts them back); other GGUFs are quantized from their f
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from torch import nn
 
 from handlers.engine.registry import TORCH_QUANTIZE
 from handlers.engine.torch import gguf_blocks, quant_linear
-from handlers.engine.torch.dtype_probe import choose_cpu_dtype
+from handlers.engine.torch.dtype_probe import best_seconds, choose_cpu_dtype
 from handlers.engine.torch.llama_model import is_llama
 from handlers.engine.torch.quant_blocks import QuantizedWeight, from_float
 from handlers.engine.torch.quant_linear import QuantLinear
@@ -96,8 +95,9 @@ def _probe() -> Plan:
     for rows in _PROBE_ROWS:
         x = torch.randn(rows, size)
         x_float = x.to(dtype)
-        quant_s = _best(lambda x=x: quantized(x))
-        float_s = _best(lambda x=x_float: torch.nn.functional.linear(x, float_weight))
+        quant_s = best_seconds(lambda x=x: quantized(x), _REPEATS)
+        float_s = best_seconds(lambda x=x_float: torch.nn.functional.linear(x, float_weight),
+                               _REPEATS)
         speedups.append(float_s / quant_s)
     measured = ", ".join(f"{s:.1f}x at {r} row{'s' * (r > 1)}"
                          for s, r in zip(speedups, _PROBE_ROWS, strict=True))
@@ -108,16 +108,6 @@ def _probe() -> Plan:
                             f"here ({cpu})")
     return Plan("none", f"dequantized to {name}: the kernel runs {measured} {name}'s speed "
                         f"here ({cpu})")
-
-
-def _best(call) -> float:
-    call()
-    best = float("inf")
-    for _ in range(_REPEATS):
-        began = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - began)
-    return best
 
 
 def quantize_model(model: nn.Module, mode: str, source: Path,
