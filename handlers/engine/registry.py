@@ -53,8 +53,7 @@ _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_deg
 
 ENGINES = {
     # The torch engine compiles its CPU decode step unless option.enforce_eager=true; it applies
-    # LoRA adapters itself (handlers/engine/torch/lora.py); option.quantize: int8, int4, none or
-    # auto (handlers/engine/torch/quantization.py).
+    # LoRA adapters itself (handlers/engine/torch/lora.py); option.quantize: TORCH_QUANTIZE's.
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
                          _ROLLING | _HF | _SUPERVISED | _LORA | {"option.enforce_eager",
                                                                  "option.enable_prefix_caching",

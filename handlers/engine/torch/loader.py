@@ -98,7 +98,6 @@ def load_model(
     started = time.perf_counter()
     target = resolve_device(device)
     check_dtype(dtype)  # reject a bad option.dtype or option.quantize before any slow work
-    quantization.check_mode(quantize)
     plan = quantization.plan(quantize, source, target)
     if plan.mode != "none" and dtype.lower() == "auto":
         dtype = "fp32"  # the quantized linears take float32 in; the rest follows

@@ -1,9 +1,9 @@
-// lmi::quant_linear: a linear layer over 4- or 8-bit weights in groups of 32 (GGUF's blocks),
+// lmi_quant::quant_linear: a linear layer over 4- or 8-bit weights in groups of 32 (GGUF's blocks),
 // computed as llama.cpp computes its quantized dot products: each input row quantized to int8 in
 // groups of 32, each group's products summed in int32 (exact), the groups' sums scaled and
 // added in float32 in one fixed order. Integer sums are exact whatever unit computes them
 // (AVX-512 VNNI, AVX2, plain C++), so a row's output depends on that row alone: not the batch,
-// the thread count or the path the CPU takes (quantized_linear.py says more).
+// the thread count or the path the CPU takes (quant_linear.py says more).
 //
 // Weights: values u (0..15, or 0..255) with, per output and group, a scale d and a min m:
 // w = d * u + m. Laid out for the vector units in tiles of 16 outputs: a group of a tile is
@@ -101,12 +101,12 @@ void tile(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &
         for (int r = 0; r < R; ++r) {
             const int64_t row = row0 + r;
             const int8_t *q = x.q.data() + row * x.k + g * GROUP;
-            __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two chains
+            __m512i s = _mm512_setzero_si512();
             for (int c = 0; c < CHUNKS; ++c)
-                s[c % 2] = _mm512_dpbusd_epi32(s[c % 2], u[c], _mm512_set1_epi32(four_bytes(q + 4 * c)));
+                s = _mm512_dpbusd_epi32(s, u[c], _mm512_set1_epi32(four_bytes(q + 4 * c)));
             const int64_t at = row * x.groups + g;
             const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(x.scale[at]));
-            acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(_mm512_add_epi32(s[0], s[1])), acc[r]);
+            acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r]);
             acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.offset[at]), acc[r]);
         }
     }

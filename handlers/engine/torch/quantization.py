@@ -13,7 +13,8 @@
   float weights.
 
 Blocks are read from GGUFs of Llama-architecture models (llama.cpp's converter reorders their
-q/k rows; gguf_blocks.py puts them back); other GGUFs are quantized from their float values.
+q/k rows; gguf_blocks.py puts them back); `int8` and `int4` quantize other GGUFs from their
+float values, `gguf` and `auto` leave them float.
 """
 
 from __future__ import annotations
