@@ -83,6 +83,7 @@ def server_settings(config: Config) -> ServerSettings:
         predict_timeout=config.predict_timeout,
         job_queue_size=config.job_queue_size,
         api_key=config.api_key,
+        otlp_traces_endpoint=config.otlp_traces_endpoint,
         server_version=importlib.metadata.version("lmi-serve"),
         grpc_host=config.host,
         grpc_port=config.grpc_port,

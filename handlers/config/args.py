@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--log-level", type=str.lower, default=FLAG_DEFAULTS["log_level"], choices=_LOG_LEVELS)
     add("--api-key", help="require this key (Authorization: Bearer, or x-api-key) on every "
         "route but health; as option.api_key")
+    add("--otlp-traces-endpoint", help="export OpenTelemetry traces of requests to this OTLP "
+        "endpoint (grpc, or http/protobuf by OTEL_EXPORTER_OTLP_TRACES_PROTOCOL); as "
+        "option.otlp_traces_endpoint")
     add("--option", action="append", default=[], metavar="KEY=VALUE",
         help="a serving.properties setting, beating every other source (repeatable)")
     return parser.parse_args(argv)

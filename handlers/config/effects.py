@@ -38,6 +38,8 @@ def check_effects(config: Config) -> None:
     if config.embeddings_only:
         _refuse_if_set(config, "embedding_model_id", "it names an LLM server's companion "
                        "embedding model; option.task=text-embedding serves option.model_id's")
+        _refuse_if_set(config, "otlp_traces_endpoint", "it traces generation requests, and "
+                       "option.task=text-embedding serves none")
         reason = "it shapes text generation, and option.task=text-embedding serves no LLM"
         for field in _GENERATION_ONLY:
             _refuse_if_set(config, field, reason)

@@ -86,6 +86,9 @@ SETTINGS: tuple[Setting, ...] = (
     # Unset: no key (SageMaker authenticates callers upstream); set: every route but health
     # requires it. Never logged.
     Setting("option.api_key", "api_key", values.text, None),
+    # Where OpenTelemetry traces of requests go (an OTLP endpoint; the wire, headers and the rest
+    # are the SDK's OTEL_* variables); unset: no traces, and nothing of OpenTelemetry loaded.
+    Setting("option.otlp_traces_endpoint", "otlp_traces_endpoint", values.text, None),
     Setting("option.model_loading_timeout", "model_loading_timeout", values.integer(1), 1800),
     # Unset: no deadline (DJL's 120 s bounds one rolling-batch step, not a whole request).
     Setting("option.predict_timeout", "predict_timeout", values.optional_integer, None),
@@ -225,4 +228,5 @@ ENV_VARS: tuple[tuple[str, str, Callable[[str], str]], ...] = (
     ("SAGEMAKER_MAX_REQUEST_SIZE", "max_request_size", _same),
     ("SAGEMAKER_MAX_PAYLOAD_IN_MB", "max_request_size", _mebibytes),
     ("VLLM_API_KEY", "option.api_key", _same),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "option.otlp_traces_endpoint", _same),
 )

@@ -87,6 +87,7 @@ class Config:
     model_loading_timeout: int  # seconds
     predict_timeout: int | None  # seconds; None: no deadline
     api_key: str | None = dataclasses.field(repr=False)  # None: no key required
+    otlp_traces_endpoint: str | None  # None: traces off
     max_consecutive_failures: int  # 0: never
     engine: str  # DJL's engine: Python | MPI
     max_rolling_batch_size: int
@@ -165,6 +166,8 @@ def load_config(
     raw: Raw = {}
     add_cli(raw, args.option)
     add_flag(raw, "option.api_key", getattr(args, "api_key", None), "--api-key")
+    add_flag(raw, "option.otlp_traces_endpoint", getattr(args, "otlp_traces_endpoint", None),
+             "--otlp-traces-endpoint")
     if read_properties:
         add_properties(raw, model_dir)
     add_env(raw, env)
@@ -172,6 +175,7 @@ def load_config(
     settings |= _server_values(args, env, sources)
     settings |= model_values(model_dir, settings, sources)
     _check_batching(settings, sources)
+    _check_traces(settings, sources, env)
     sources["model_dir"] = dir_source
     adapters = find_adapters(model_dir, settings["lora_modules"], sources["lora_modules"],
                              settings["model_name"])
@@ -254,6 +258,18 @@ def _listen_port(flag: int | None, env: Mapping[str, str]) -> tuple[int, str]:
         return values.port(1)(text), source
     except ValueError as exc:
         raise ConfigError(f"SAGEMAKER_BIND_TO_PORT={text!r} ({source}) is invalid: {exc}") from None
+
+
+def _check_traces(settings: dict[str, Any], sources: dict[str, str], env: Mapping[str, str]
+                  ) -> None:
+    """Traces need a wire the SDK exports over, read from its own variables."""
+    if settings["otlp_traces_endpoint"] is None:
+        return
+    try:
+        values.otlp_protocol(env)
+    except ValueError as exc:
+        raise ConfigError(f"option.otlp_traces_endpoint ({sources['otlp_traces_endpoint']}) "
+                          f"cannot export: {exc} (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)") from None
 
 
 def _check_batching(settings: dict[str, Any], sources: dict[str, str]) -> None:

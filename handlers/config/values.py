@@ -99,3 +99,16 @@ def port(minimum: int) -> Parser:
         return parsed
 
     return parse
+
+
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def otlp_protocol(env: Mapping[str, str]) -> str:
+    """The OTLP wire the OpenTelemetry SDK's variables ask for traces to use (vLLM's default:
+    grpc); ValueError for one the SDK has no exporter for."""
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+    if protocol not in OTLP_PROTOCOLS:
+        raise ValueError(f"OTLP protocol {protocol!r} is not one of {', '.join(OTLP_PROTOCOLS)}")
+    return protocol

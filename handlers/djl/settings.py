@@ -20,7 +20,8 @@ _DJL_OWN = {"option.entryPoint", "option.model_loading_timeout", "option.predict
 _OPTIONS = {s.key for s in SETTINGS if s.key.startswith("option.")} - _DJL_OWN
 # What only lmi-serve's own routes read: the DJL entry answers LMI's schema alone.
 _SERVER_ONLY = ("full_text_enabled", "chat_template", "embedding_model_id", "api_key",
-                "reasoning_parser", "tool_call_parser", "enable_auto_tool_choice")
+                "reasoning_parser", "tool_call_parser", "enable_auto_tool_choice",
+                "otlp_traces_endpoint")
 
 
 def is_rolling(properties: Mapping[str, Any]) -> bool:

@@ -74,7 +74,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
     openapi.install(app, ctx.settings.server_version, docs)  # the bodies routes read by hand
     if ctx.settings.api_key:
         app.add_middleware(ApiKeyMiddleware, key=ctx.settings.api_key)
-    app.add_middleware(RequestIdMiddleware)  # outside the key check: a 401 carries an id too
+    # Outside the key check: a 401 carries an id too.
+    app.add_middleware(RequestIdMiddleware, trace_headers=ctx.tracing is not None)
     install_log_ids()
     # Outermost, so that answers of the other middlewares are counted too (by the route they
     # would have reached: the routers' own routes, which FastAPI no longer flattens).

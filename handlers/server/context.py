@@ -24,7 +24,10 @@ from handlers.protocols.openai_responses import ResponseStore
 from handlers.server.driver import validated
 from handlers.server.failures import FailureStreak
 from handlers.server.generation import Admission, Generation
+from handlers.server.request_ids import current as current_request_id
+from handlers.server.request_ids import new_id
 from handlers.server.telemetry import Telemetry
+from handlers.server.tracing import NO_USAGE, RequestTrace, Tracing
 
 E = TypeVar("E", Engine, Embedder)
 P = ParamSpec("P")
@@ -55,6 +58,7 @@ class ServerSettings:
     grpc_port: int = 0  # KServe V2 over gRPC; 0: off
     job_queue_size: int = 1000  # client requests held at once
     api_key: str | None = field(default=None, repr=False)  # required on every route but health
+    otlp_traces_endpoint: str | None = None  # where request traces go; None: traces off
     model_dir: Path = Path(".")  # where relative adapter sources are read from
     adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
 
@@ -136,6 +140,8 @@ class ServerContext:
         self.workers = anyio.CapacityLimiter(WORKERS)
         self._drains: list[Callable[[], Awaitable[None]]] = []
         self.adapter_records: dict[str, AdapterRecord] = {}  # what the adapter API reports
+        endpoint = settings.otlp_traces_endpoint
+        self.tracing = Tracing(endpoint) if endpoint is not None else None
 
     def text_engine(self, refuse: Refuse, not_served: Callable[[str], ProtocolError]
                     ) -> Engine:
@@ -156,14 +162,35 @@ class ServerContext:
         """Validate (in a worker: tokenizing, grammars), admit and submit a client request's
         engine requests, under the server's deadline (option.predict_timeout) or the request's
         own `timeout`, whichever is sooner."""
-        requests = await self.offload(validated, engine, requests, checks)
-        server = self.settings.predict_timeout
-        own = timeout is not None and (server is None or timeout < server)
-        outcome = self.generator.failures.record if self.generator is not None else None
-        return Generation(engine, requests, self.admission, timeout if own else server,
-                          outcome, observer=self.telemetry.observer(requests),
-                          timeout_source="the request's timeout" if own else
-                          "option.predict_timeout")
+        trace = self._trace(requests)
+        try:
+            requests = await self.offload(validated, engine, requests, checks)
+            server = self.settings.predict_timeout
+            own = timeout is not None and (server is None or timeout < server)
+            outcome = self.generator.failures.record if self.generator is not None else None
+            generation = Generation(engine, requests, self.admission,
+                                    timeout if own else server, outcome,
+                                    observer=self.telemetry.observer(requests, trace),
+                                    timeout_source="the request's timeout" if own else
+                                    "option.predict_timeout")
+        except Exception as exc:
+            if trace is not None:
+                trace.ended(NO_USAGE, getattr(exc, "message", None) or str(exc))
+            raise
+        if trace is not None:
+            trace.admitted(requests)
+        return generation
+
+    def _trace(self, requests: list[GenerationRequest]) -> RequestTrace | None:
+        """The request's trace, when traces are on; its log lines carry the trace id."""
+        if self.tracing is None:
+            return None
+        request_id = current_request_id() or new_id()
+        trace = self.tracing.begin(request_id.trace_headers, self.settings.model_name,
+                                   request_id.value,
+                                   min(request.arrival_time for request in requests))
+        request_id.trace_id = trace.trace_id
+        return trace
 
     def _adapter_activity(self) -> AdapterActivity | None:
         served = self.generator
@@ -211,7 +238,10 @@ class ServerContext:
             await drain()
 
     async def shutdown(self) -> None:
-        """Stop the engines (the HTTP server has drained its requests)."""
+        """Stop the engines (the HTTP server has drained its requests) and export the last
+        traces."""
+        if self.tracing is not None:
+            await self.offload(self.tracing.shutdown)
         if self.generator is not None and self.generator.engine is not None:
             await self.generator.engine.shutdown()
         if self.embedder is not None and self.embedder.engine is not None:

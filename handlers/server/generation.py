@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, nullcontext
+from typing import NoReturn
 
 import anyio
 
@@ -89,20 +90,17 @@ class Generation:
             with self._deadline_scope():
                 pairs = await anext(self._source, None)
         except TimeoutError:
-            await self.aclose()
-            raise GenerationError(f"the request ran past its deadline of {self._timeout:g} s "
-                                  f"({self._timeout_source})", ErrorKind.TIMEOUT) from None
-        except GenerationError:
-            await self.aclose()
-            raise
+            await self._fail(GenerationError(
+                f"the request ran past its deadline of {self._timeout:g} s "
+                f"({self._timeout_source})", ErrorKind.TIMEOUT))
+        except GenerationError as exc:
+            await self._fail(exc)
         except Exception as exc:
             if not isinstance(exc, EngineFailure):  # the engine's supervisor handles those
                 self._outcome(False)
-            await self.aclose()
-            raise GenerationError(str(exc) or type(exc).__name__, crashed=True) from exc
+            await self._fail(GenerationError(str(exc) or type(exc).__name__, crashed=True), exc)
         if pairs is None:
-            await self.aclose()
-            raise GenerationError(UNFINISHED)
+            await self._fail(GenerationError(UNFINISHED))
         if self._observer is not None:
             self._observer.outputs(pairs)
         for index, output in pairs:
@@ -110,6 +108,12 @@ class Generation:
                 self._open.discard(index)
                 self._record(output)
         return pairs
+
+    async def _fail(self, error: GenerationError, cause: BaseException | None = None
+                    ) -> NoReturn:
+        """Close with `error` as the reason, and raise it."""
+        await self.aclose(error.message)
+        raise error from cause
 
     def _record(self, output: RequestOutput) -> None:
         reasons = {seq.finish_reason for seq in output.outputs}
@@ -125,15 +129,18 @@ class Generation:
         finally:
             await self.aclose()
 
-    async def aclose(self) -> None:
+    async def aclose(self, error: str | None = None) -> None:
         """Abort what is still running and give the admission back (idempotent). Each
         unfinished request is aborted by its id as well: an engine's own clean-up may not get
-        to run inside a cancelled task."""
+        to run inside a cancelled task. `error`: why it ended early, for its trace."""
         if self._closed:
             return
         self._closed = True
         if self._observer is not None:
             self._observer.abandoned(self._open)
+            if error is None and self._open:
+                error = "abandoned unfinished (the client went away, or the answer failed)"
+            self._observer.closed(error)
         with anyio.CancelScope(shield=True):
             await self._source.aclose()
             for index in sorted(self._open):

@@ -1,6 +1,7 @@
 """Each client request's id, for the wires and the logs: bound in a context variable while the
 request is served, so every log line written on its behalf, the generation driver's included,
-carries `[RequestId=...]` (and a `request_id` attribute), whichever logger writes it.
+carries `[RequestId=...]` (and `request_id` and `log_ids` attributes), whichever logger writes
+it; with traces on, `TraceId=...` too, once the request's trace has begun.
 
 The id is the caller's (SageMaker's `X-Amzn-SageMaker-Inference-Id`, an `X-Request-Id`, or the
 protocol's own, such as KServe's `id`) when it gave one, else a fresh one.
@@ -14,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_LENGTH = 128
 _UNPRINTABLE = re.compile(r"[^\x21-\x7e]")  # a caller's id must not forge or split log lines
@@ -24,6 +25,9 @@ _UNPRINTABLE = re.compile(r"[^\x21-\x7e]")  # a caller's id must not forge or sp
 class RequestId:
     value: str
     given: bool  # the caller chose it: a body's own id does not replace it
+    # The caller's W3C trace context (traceparent, tracestate), kept only while tracing is on.
+    trace_headers: dict[str, str] = field(default_factory=dict)
+    trace_id: str | None = None  # set once the request's trace began: its log lines show it
 
     def adopt(self, protocol_id: str | None) -> None:
         """Take the protocol's id from the body, unless the caller's header named one."""
@@ -72,8 +76,11 @@ def install_log_ids() -> None:
         record = previous(*args, **kwargs)
         bound_id = _current.get()
         record.request_id = bound_id.value if bound_id is not None else "-"
+        record.log_ids = f"RequestId={record.request_id}"  # what a line's brackets hold
+        if bound_id is not None and bound_id.trace_id is not None:
+            record.log_ids += f" TraceId={bound_id.trace_id}"
         if bound_id is not None and isinstance(record.msg, str):
-            prefix = f"[RequestId={bound_id.value}] "
+            prefix = f"[{record.log_ids}] "
             # %-formatting applies to the message only when it has arguments
             record.msg = (prefix.replace("%", "%%") if record.args else prefix) + record.msg
         return record

@@ -36,6 +36,7 @@ from handlers.engine.types import (
     GenerationRequest,
     RequestOutput,
 )
+from handlers.server.tracing import RequestTrace, Usage
 
 Stats = Callable[[], dict[str, int]]  # the generation engine's stats(); {} while not ready
 # The generation engine's adapter_activity(); None while not ready or with LoRA off.
@@ -100,7 +101,10 @@ class _Progress:
 
     arrival: float
     prompt_tokens: int | None = None  # set by its first output
+    first_token: float | None = None  # when the first output carrying tokens arrived
     last_token: float | None = None  # when the last output carrying tokens arrived
+    last_output: float | None = None
+    queue_time: float = 0.0  # set once finished
     generated: dict[int, int] = field(default_factory=dict)  # per sequence: tokens so far
     reason: FinishReason | None = None  # the first sequence's
 
@@ -179,12 +183,15 @@ class Telemetry:
     def answered(self, protocol: str, route: str, status: int | str) -> None:
         self.requests.labels(protocol, route, str(status)).inc()
 
-    def observer(self, requests: Sequence[GenerationRequest]) -> RequestObserver:
-        """What observes one client request's engine requests (see Generation)."""
+    def observer(self, requests: Sequence[GenerationRequest], trace: RequestTrace | None = None
+                 ) -> RequestObserver:
+        """What observes one client request's engine requests (see Generation), and ends its
+        trace when it has one."""
         for request in requests:
             if request.adapter is not None:
                 self.adapter_requests.labels(self.model_name, request.adapter).inc()
-        return RequestObserver(self, [_Progress(request.arrival_time) for request in requests])
+        return RequestObserver(self, [_Progress(request.arrival_time) for request in requests],
+                               trace)
 
     # -- one engine request's outputs -----------------------------------------------------------
 
@@ -200,10 +207,12 @@ class Telemetry:
             new += total - done
             if seq.index == 0 and seq.finish_reason is not None:
                 progress.reason = seq.finish_reason
+        progress.last_output = now
         if new:
             self.generation_tokens.inc(new)
             if progress.last_token is None:
                 self.ttft.observe(now - progress.arrival)
+                progress.first_token = now
             else:
                 self.itl.observe(now - progress.last_token)
             progress.last_token = now
@@ -215,7 +224,8 @@ class Telemetry:
             (seq.finish_reason for seq in output.outputs if seq.finish_reason), FinishReason.STOP)
         self.success[FINISHED_REASONS[reason]].inc()
         self.e2e.observe(now - progress.arrival)
-        self.queue.observe(output.metrics.queue_time)
+        progress.queue_time = output.metrics.queue_time
+        self.queue.observe(progress.queue_time)
         self.request_prompt.observe(progress.prompt_tokens or 0)
         self.request_generation.observe(sum(progress.generated.values()))
 
@@ -224,9 +234,11 @@ class RequestObserver:
     """What one client request's engine requests did, observed as their outputs arrive:
     latencies once per engine request, tokens as they come."""
 
-    def __init__(self, telemetry: Telemetry, progress: list[_Progress]) -> None:
+    def __init__(self, telemetry: Telemetry, progress: list[_Progress],
+                 trace: RequestTrace | None = None) -> None:
         self._telemetry = telemetry
         self._progress = progress
+        self._trace = trace
 
     def outputs(self, pairs: Pairs) -> None:
         now = time.monotonic()
@@ -237,6 +249,19 @@ class RequestObserver:
         """These requests were aborted unfinished (a client gone, a deadline, a failure)."""
         for _ in indices:
             self._telemetry.success["abort"].inc()
+
+    def closed(self, error: str | None) -> None:
+        """The client request ended (`error`: why it failed); its trace's spans are written."""
+        if self._trace is None:
+            return
+        firsts = [p.first_token for p in self._progress if p.first_token is not None]
+        lasts = [p.last_output for p in self._progress if p.last_output is not None]
+        self._trace.ended(Usage(
+            prompt_tokens=sum(p.prompt_tokens or 0 for p in self._progress),
+            completion_tokens=sum(sum(p.generated.values()) for p in self._progress),
+            sequences=sum(len(p.generated) for p in self._progress),
+            queue_time=max(p.queue_time for p in self._progress),
+            first_token=min(firsts, default=None), last_output=max(lasts, default=None)), error)
 
 
 # stats() key -> (metric name, help, kind); LMI's names since before this module.

@@ -260,3 +260,37 @@ def test_option_api_key_guards_a_real_server(tiny_dir, tmp_path):
     assert "config option.api_key = <set> [env OPTION_API_KEY]" in text
     assert '[RequestId=inference-77] 127.0.0.1' in text  # uvicorn's access lines, 401 and 200
     assert re.search(r'\[RequestId=trace-5\] .*"POST /invocations HTTP/1.1" 200', text)
+
+
+def test_otel_traces_from_a_real_server(tiny_dir, tmp_path):
+    """OTEL_EXPORTER_OTLP_TRACES_ENDPOINT on a real `lmi-serve` over the tiny model: a local OTLP
+    receiver gets the chat request's span in the caller's trace, its usage the answer's; the
+    log says where traces go and carries the trace id."""
+    import openai
+    from otlp_receiver import grpc_receiver
+    from server_process import running_server
+
+    trace_id, log = "4bf92f3577b34da6a3ce929d0e0e4736", tmp_path / "server.log"
+    with grpc_receiver() as receiver, running_server(
+            f"option.model_id={tiny_dir}", "option.embedding_model_id=none", log_path=log,
+            env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+                 "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "chat-svc"}) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        answer = client.chat.completions.create(
+            model=tiny_dir.name, messages=HELLO, max_tokens=3,
+            extra_headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+        root = receiver.trace(trace_id, 4)["llm_request"]
+    assert root.parent_span_id == "00f067aa0ba902b7"
+    assert root.service_name == "chat-svc"
+    assert root.attributes["gen_ai.usage.prompt_tokens"] == answer.usage.prompt_tokens
+    assert root.attributes["gen_ai.usage.completion_tokens"] == answer.usage.completion_tokens
+    text = log.read_text()
+    assert f"config option.otlp_traces_endpoint = {receiver.endpoint} " \
+           "[env OTEL_EXPORTER_OTLP_TRACES_ENDPOINT]" in text
+    assert f"TraceId={trace_id}" in text
+
+
+def test_traces_are_refused_where_nothing_generates(tmp_path, monkeypatch):
+    message = start(tmp_path, "option.task=text-embedding",
+                    "option.otlp_traces_endpoint=http://collector:4317", monkeypatch=monkeypatch)
+    assert "option.otlp_traces_endpoint" in message and "generation" in message

@@ -28,7 +28,8 @@ class GrpcServer:
         self._server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                                 ("grpc.max_send_message_length", limit)],
                                        interceptors=[CountingInterceptor(ctx.telemetry), *guard,
-                                                     RequestIdInterceptor(), DecodeGuard()])
+                                                     RequestIdInterceptor(ctx.tracing is not None),
+                                                     DecodeGuard()])
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(ctx),
                                                                     self._server)
         self.address = f"{host}:{port}"

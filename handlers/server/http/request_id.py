@@ -1,6 +1,7 @@
 """Request ids over HTTP: a pure ASGI middleware (it never buffers a stream) that binds each
 request's id for the logs and returns it in `X-Request-Id` on every response, streams
-included, echoing SageMaker's `X-Amzn-SageMaker-Inference-Id` when the caller sent one."""
+included, echoing SageMaker's `X-Amzn-SageMaker-Inference-Id` when the caller sent one. With
+traces on it keeps the caller's `traceparent`/`tracestate` beside the id, for the driver."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handlers.server.request_ids import bound, install_log_ids, new_id
+from handlers.server.tracing import TRACE_HEADERS
 
 SAGEMAKER_HEADER = "X-Amzn-SageMaker-Inference-Id"
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
 class RequestIdMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, trace_headers: bool = False) -> None:
         self.app = app
+        self.trace_headers = trace_headers  # keep the caller's trace context (traces are on)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -28,6 +31,9 @@ class RequestIdMiddleware:
         headers = Headers(scope=scope)
         given = headers.get(SAGEMAKER_HEADER)
         request_id = new_id(given, headers.get(REQUEST_ID_HEADER))
+        if self.trace_headers:
+            request_id.trace_headers = {name: headers[name] for name in TRACE_HEADERS
+                                        if name in headers}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -47,6 +53,5 @@ def uvicorn_log_config() -> dict[str, Any]:
     install_log_ids()  # every record has `request_id` before uvicorn formats one
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
     access = config["formatters"]["access"]
-    access["fmt"] = access["fmt"].replace("%(levelprefix)s",
-                                          "%(levelprefix)s [RequestId=%(request_id)s]", 1)
+    access["fmt"] = access["fmt"].replace("%(levelprefix)s", "%(levelprefix)s [%(log_ids)s]", 1)
     return config

@@ -1,0 +1,83 @@
+"""SageMaker's stateful sessions, as DJL LMI serves them: a client opens a session (a body
+`{"requestType": "NEW_SESSION"}`), sends its turns with `X-Amzn-SageMaker-Session-Id`, and
+closes it (`{"requestType": "CLOSE"}`); an idle session expires `option.sessions_expiration`
+seconds after it was opened, as DJL's session manager has it.
+
+The server keeps no files for a session: what a session holds is its conversation's keys and
+values, pinned in the engine's prefix cache (engines that cache prefixes pin each finished
+turn's tokens under the session), so its next turn prefills only what is new. Closing or
+expiring a session lets them go. At most `option.max_sessions` are open at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from handlers.protocols.errors import ErrorKind, GenerationError
+
+NEW_SESSION = "NEW_SESSION"  # the session header's value that asks for a new session
+Release = Callable[[str], Awaitable[None]]  # the engine letting a session's cache go
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    expires: float  # time.time() past which it is gone
+
+    @property
+    def header(self) -> str:
+        """`X-Amzn-SageMaker-New-Session-Id`'s value: the id and its expiry."""
+        stamp = datetime.fromtimestamp(self.expires, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"{self.id}; Expires={stamp}"
+
+
+class Sessions:
+    """The open sessions; `release` tells the engine a session's pinned cache may go."""
+
+    def __init__(self, expiration: int, max_sessions: int, release: Release,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.expiration = expiration
+        self.max_sessions = max_sessions
+        self._release = release
+        self._clock = clock
+        self._open: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    async def open(self) -> Session:
+        """A new session; OVERLOADED while max_sessions are open."""
+        await self._expire()
+        if len(self._open) >= self.max_sessions:
+            raise GenerationError(f"the server holds its limit of {self.max_sessions} open "
+                                  "sessions (option.max_sessions); close one, or retry once "
+                                  "one expired", ErrorKind.OVERLOADED)
+        session = Session(str(uuid.uuid4()), self._clock() + self.expiration)
+        self._open[session.id] = session
+        return session
+
+    async def get(self, session_id: str) -> Session:
+        """An open session; the SESSION error naming an id that is unknown, closed or expired."""
+        await self._expire()
+        session = self._open.get(session_id)
+        if session is None:
+            raise GenerationError(f"session {session_id!r} is unknown, closed or expired "
+                                  f"(sessions expire {self.expiration} s after they open); "
+                                  "open a new one with NEW_SESSION", ErrorKind.SESSION)
+        return session
+
+    async def close(self, session_id: str) -> None:
+        """Close an open session (the SESSION error for one that is not)."""
+        await self.get(session_id)
+        del self._open[session_id]
+        await self._release(session_id)
+
+    async def _expire(self) -> None:
+        now = self._clock()
+        for session in [s for s in self._open.values() if s.expires <= now]:
+            del self._open[session.id]
+            await self._release(session.id)
