@@ -9,6 +9,7 @@ serves, and runs until SIGTERM or SIGINT. An engine whose loop runs fastest in t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import logging
 import signal
@@ -35,12 +36,14 @@ from handlers.model_source import (
 from handlers.protocols.adapter_management import AdapterRecord
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
+from handlers.server.fleet import Build, Fleet
 from handlers.server.http.request_id import uvicorn_log_config
 from handlers.startup_gc import StartupCollection
 from handlers.stop_signals import on_first_stop_signal
 from handlers.supervision import Supervisor
 
 log = logging.getLogger("lmi_serve")
+SAGEMAKER_MODELS = Path("/opt/ml/models")  # where SageMaker's multi-model endpoints put models
 T = TypeVar("T")
 
 
@@ -84,11 +87,15 @@ def server_settings(config: Config) -> ServerSettings:
         job_queue_size=config.job_queue_size,
         api_key=config.api_key,
         otlp_traces_endpoint=config.otlp_traces_endpoint,
+        stateful_sessions=config.enable_stateful_sessions and not config.embeddings_only,
+        sessions_expiration=config.sessions_expiration,
+        max_sessions=config.max_sessions,
         server_version=importlib.metadata.version("lmi-serve"),
         grpc_host=config.host,
         grpc_port=config.grpc_port,
         model_dir=config.model_dir,
         adapter_roots=adapter_roots(config),
+        model_roots=model_roots(config),
     )
 
 
@@ -97,6 +104,25 @@ def adapter_roots(config: Config) -> tuple[Path, ...]:
     cache, and the folders holding the adapters configured at startup."""
     return tuple(dict.fromkeys((config.model_dir, default_cache_dir(),
                                 *(adapter.path.parent for adapter in config.adapters))))
+
+
+def model_roots(config: Config) -> tuple[Path, ...]:
+    """Where POST /models may read models: SageMaker's multi-model folder, the model
+    directory, the model cache."""
+    return tuple(dict.fromkeys((SAGEMAKER_MODELS, config.model_dir, default_cache_dir())))
+
+
+def fleet_build(config: Config) -> Build:
+    """How a model loaded at runtime is built: as the server's own model is, from its own
+    files, under its own name, without the server's LoRA adapters."""
+    def build(name: str, path: Path) -> Engine:
+        own = dataclasses.replace(config, model_id=str(path), model_name=name, adapters=(),
+                                  lora=None, sources={**config.sources,
+                                                      "model_id": "POST /models"})
+        built = registry.build(own)
+        return built.engine
+
+    return build
 
 
 def serve(config: Config) -> int:
@@ -108,6 +134,8 @@ def serve(config: Config) -> int:
                           _embedding_name(config.embedding_source),
                           loads_later=not config.embeddings_only)
     ctx = ServerContext(server_settings(config), generator, embedder)
+    if not config.embeddings_only:
+        ctx.load_models_with(Fleet(fleet_build(config), config.max_models))
     ctx.adapter_records.update({adapter.name: AdapterRecord(adapter.name, str(adapter.path))
                                 for adapter in config.adapters})
     server = uvicorn.Server(uvicorn.Config(

@@ -119,6 +119,7 @@ class FakeEngine:
     aborted: list[str] = field(default_factory=list)  # ids closed or aborted before finishing
     finished: list[str] = field(default_factory=list)  # ids that ran to their end
     generated: dict[str, int] = field(default_factory=dict)  # id -> tokens yielded, all sequences
+    released_sessions: list[str] = field(default_factory=list)  # release_session() calls
     _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def health(self) -> bool:
@@ -186,6 +187,9 @@ class FakeEngine:
         if name not in self.adapters:
             raise AdapterError(f"no LoRA adapter {name!r} is served", missing=True)
         self.adapters = tuple(a for a in self.adapters if a != name)
+
+    async def release_session(self, session: str) -> None:
+        self.released_sessions.append(session)
 
     async def start(self) -> None:
         self.ready = True
@@ -353,10 +357,11 @@ class FakeEmbeddingEngine:
 def served_app(engine: FakeEngine | None, embedder: FakeEmbeddingEngine | None = None, *,
                loaded: bool = True, model_name: str = "fake-model",
                dynamic: tuple[int, int, bool] | None = None, embeddings_only: bool = False,
-               **settings: Any) -> Any:
+               fleet: Any = None, **settings: Any) -> Any:
     """The server's app over fake engines, as `lmi-serve` composes it: `dynamic` is
     (batch_size, max_batch_delay ms, enable_streaming) for LMI's dynamic batching; an
-    embeddings-only server serves `embedder` alone; until `loaded`, nothing is attached."""
+    embeddings-only server serves `embedder` alone; until `loaded`, nothing is attached;
+    `fleet` loads models at runtime."""
     from handlers.engine.dynamic_batch import DynamicBatcher
     from handlers.server.app import create_app
     from handlers.server.context import Served, ServerContext, ServerSettings
@@ -374,4 +379,7 @@ def served_app(engine: FakeEngine | None, embedder: FakeEmbeddingEngine | None =
         embedded.attach(embedder)
     settings = ServerSettings(model_name, dynamic_batching=dynamic is not None,
                               dynamic_streaming=bool(dynamic and dynamic[2]), **settings)
-    return create_app(ServerContext(settings, generator, embedded))
+    ctx = ServerContext(settings, generator, embedded)
+    if fleet is not None:  # models loaded at runtime (handlers/server/fleet.py)
+        ctx.load_models_with(fleet)
+    return create_app(ctx)

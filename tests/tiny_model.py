@@ -20,16 +20,17 @@ from handlers.model_source import default_model_path
 TINY_SEED = 1234
 
 
-def make_tiny_model_dir(path: Path, cache_dir: Path | None = None) -> Path:
-    """Write a 2-layer, 64-wide Llama (max_position_embeddings 512) and the SmolLM2 tokenizer
-    (chat template included) into `path`, a directory `load_model` accepts; return `path`."""
+def make_tiny_model_dir(path: Path, cache_dir: Path | None = None, width: int = 64) -> Path:
+    """Write a 2-layer, `width`-wide Llama (max_position_embeddings 512) and the SmolLM2
+    tokenizer (chat template included) into `path`, a directory `load_model` accepts; return
+    `path`."""
     tokenizer = AutoTokenizer.from_pretrained(
         cached_gguf_dir(default_model_path(), cache_dir), local_files_only=True
     )
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=width,
+        intermediate_size=2 * width,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -20,7 +20,8 @@ OWN_ENTRY_POINT = "handlers.djl"
 _GENERATION_ONLY = ("rolling_batch", "output_formatter", "tgi_compat", "enable_streaming",
                     "full_text_enabled", "chat_template", "batch_size", "max_batch_delay",
                     "max_consecutive_failures", "reasoning_parser", "tool_call_parser",
-                    "enable_auto_tool_choice")
+                    "enable_auto_tool_choice", "enable_stateful_sessions",
+                    "sessions_expiration", "max_sessions", "max_models")
 _ROLLING_ONLY = ("output_formatter", "tgi_compat")
 _DYNAMIC_ONLY = ("max_batch_delay", "enable_streaming")
 

@@ -89,6 +89,14 @@ SETTINGS: tuple[Setting, ...] = (
     # Where OpenTelemetry traces of requests go (an OTLP endpoint; the wire, headers and the rest
     # are the SDK's OTEL_* variables); unset: no traces, and nothing of OpenTelemetry loaded.
     Setting("option.otlp_traces_endpoint", "otlp_traces_endpoint", values.text, None),
+    # SageMaker's stateful sessions, with DJL LMI's names and defaults (on; 20 minutes); a
+    # session's conversation stays pinned in the prefix cache while it is open.
+    Setting("option.enable_stateful_sessions", "enable_stateful_sessions", values.boolean, True),
+    Setting("option.sessions_expiration", "sessions_expiration", values.integer(1), 1200),
+    Setting("option.max_sessions", "max_sessions", values.integer(1), 1000),
+    # Models loaded at runtime (SageMaker's multi-model POST /models) at most; unset: as many
+    # as memory holds. Past it, the least recently used is unloaded.
+    Setting("option.max_models", "max_models", values.optional_integer, None),
     Setting("option.model_loading_timeout", "model_loading_timeout", values.integer(1), 1800),
     # Unset: no deadline (DJL's 120 s bounds one rolling-batch step, not a whole request).
     Setting("option.predict_timeout", "predict_timeout", values.optional_integer, None),

@@ -88,6 +88,10 @@ class Config:
     predict_timeout: int | None  # seconds; None: no deadline
     api_key: str | None = dataclasses.field(repr=False)  # None: no key required
     otlp_traces_endpoint: str | None  # None: traces off
+    enable_stateful_sessions: bool
+    sessions_expiration: int  # seconds
+    max_sessions: int
+    max_models: int | None  # None: as memory allows
     max_consecutive_failures: int  # 0: never
     engine: str  # DJL's engine: Python | MPI
     max_rolling_batch_size: int

@@ -107,16 +107,21 @@ class Engine(Protocol):
         """Serve `name` no more (requests running with it finish); AdapterError(missing=True)
         when it is not served."""
 
+    async def release_session(self, session: str) -> None:
+        """Stateful session `session` closed or expired: let go of what was kept for it."""
+
     def health(self) -> bool:
         """True while the engine can answer requests."""
 
     def adapter_activity(self) -> AdapterActivity | None:
         """The adapters running and waiting requests use (None: LoRA is off)."""
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """Gauges and counters for /metrics: running_requests, waiting_requests, prompt_tokens,
         generated_tokens, finished_requests; kv_cache_slots_in_use and kv_cache_slots_total
-        where the engine has a cache of batch slots."""
+        where the engine has a cache of batch slots, else kv_cache_usage (0 to 1); the cache's
+        shape in kv_cache_block_size and kv_cache_blocks (tokens the engine can hold, in
+        blocks) once known; prefix_cache_* where it caches prefixes."""
 
     async def start(self) -> None:
         """Start the engine's loop on the calling event loop's terms (after loading)."""

@@ -131,6 +131,9 @@ class DynamicBatcher:
     async def remove_adapter(self, name: str) -> None:
         await self.inner.remove_adapter(name)
 
+    async def release_session(self, session: str) -> None:
+        await self.inner.release_session(session)
+
     # -- the Engine interface -------------------------------------------------------------------
 
     def health(self) -> bool:

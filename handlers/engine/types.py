@@ -130,6 +130,9 @@ class GenerationRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0  # among waiting requests, lower values are admitted first
     adapter: str | None = None  # a LoRA adapter the engine serves (Engine.adapters); None: base
+    # A stateful session (SageMaker's): an engine that caches prefixes pins the finished
+    # conversation's keys/values under it until Engine.release_session.
+    session: str | None = None
 
 
 @dataclass

@@ -70,13 +70,15 @@ def update(query: Mapping[str, str]) -> bool | None:
     return _boolean(query, "pin", None)
 
 
-def page(query: Mapping[str, str], records: list[AdapterRecord]) -> dict[str, Any]:
-    """DJL's list: `limit` records (100 unless given) from `next_page_token` (an index)."""
+def page(query: Mapping[str, str], described: list[dict[str, Any]], key: str = "adapters"
+         ) -> dict[str, Any]:
+    """DJL's (and SageMaker's multi-model) list: `limit` entries (100 unless given) from
+    `next_page_token` (an index), under `key`."""
     _refuse_others(query, {"limit", "next_page_token"})
     limit = _index(query, "limit", 100)
     start = _index(query, "next_page_token", 0)
-    listed: dict[str, Any] = {"adapters": [r.described() for r in records[start:start + limit]]}
-    if start + limit < len(records):
+    listed: dict[str, Any] = {key: described[start:start + limit]}
+    if start + limit < len(described):
         listed["nextPageToken"] = str(start + limit)
     return listed
 
@@ -89,6 +91,22 @@ class LoadLoraAdapter(BaseModel):
     lora_name: str
     lora_path: str
     load_inplace: bool = False
+
+
+class LoadModel(BaseModel):
+    """SageMaker's multi-model Load Model body: the name to keep the model by, and where it
+    lies (SageMaker: /opt/ml/models/<name>/model)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str
+    url: str
+
+
+def load_model_body(body: Any) -> LoadModel:
+    """The Load Model body, or DJL's management error naming what is wrong."""
+    return parse_body(LoadModel, body, DjlManagementError,
+                      'expected a JSON object {"model_name": ..., "url": ...}')
 
 
 class UnloadLoraAdapter(BaseModel):

@@ -19,6 +19,12 @@ class ErrorKind(Enum):
     TIMEOUT = "timeout"  # the request ran past its deadline
     FAILED = "failed"  # the engine failed the request
     INTERNAL = "internal"  # a bug
+    SESSION = "session"  # a stateful session that is unknown, closed or expired
+
+
+# What the driver refuses a request with before any engine saw it: said as they are, never as
+# a failed generation.
+REFUSALS = frozenset({ErrorKind.OVERLOADED, ErrorKind.SESSION})
 
 
 class ProtocolError(Exception):

@@ -1,4 +1,4 @@
-"""Where the adapter management API may read an adapter from.
+"""Where the management APIs may read an adapter (or a model loaded at runtime) from.
 
 A `src` is a local directory, an `s3://` URI or a Hugging Face Hub id; remote ones are fetched
 into the model cache as models are (handlers/model_source.py). A local one must lie, once every
@@ -17,11 +17,13 @@ class SourceRefused(ValueError):
     """A `src` the API does not read; the message says why."""
 
 
-def resolve_source(src: str, roots: tuple[Path, ...], base: Path) -> Path:
+def resolve_source(src: str, roots: tuple[Path, ...], base: Path, what: str = "adapters",
+                   field: str = "src", files: tuple[str, ...] = ()) -> Path:
     """The local directory `src` names (relative paths from `base`, the model directory);
-    fetched first when remote (slow: call it off the event loop)."""
+    fetched first when remote (slow: call it off the event loop). `what` is read, as the
+    request's `field`; a file ending in one of `files` is read as well as a directory."""
     if "\0" in src:
-        raise SourceRefused(f"src={src!r} is no usable path: it holds a NUL byte")
+        raise SourceRefused(f"{field}={src!r} is no usable path: it holds a NUL byte")
     try:
         remote = is_remote(src, base)
     except OSError:  # a name the file system refuses: no local adapter either
@@ -30,18 +32,19 @@ def resolve_source(src: str, roots: tuple[Path, ...], base: Path) -> Path:
         try:
             return fetch(src)
         except ModelSourceError as exc:
-            raise SourceRefused(f"src={src!r} cannot be fetched: {exc}") from None
+            raise SourceRefused(f"{field}={src!r} cannot be fetched: {exc}") from None
     try:
         path = Path(src).expanduser()
         resolved = (path if path.is_absolute() else base / path).resolve()
     except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a symlink loop, ~nobody
-        raise SourceRefused(f"src={src!r} is no usable path: {exc}") from None
+        raise SourceRefused(f"{field}={src!r} is no usable path: {exc}") from None
     if not any(resolved.is_relative_to(root.resolve()) for root in roots):
         allowed = ", ".join(str(root) for root in roots) or "none configured"
-        raise SourceRefused(f"src={src!r} is outside the directories adapters may be read "
+        raise SourceRefused(f"{field}={src!r} is outside the directories {what} may be read "
                             f"from ({allowed})")
-    if not _is_dir(resolved):
-        raise SourceRefused(f"src={src!r} is not a directory")
+    if not _is_dir(resolved) and not (resolved.suffix in files and resolved.is_file()):
+        raise SourceRefused(f"{field}={src!r} is not a directory" + (
+            f" (or a {', '.join(files)} file)" if files else ""))
     return resolved
 
 

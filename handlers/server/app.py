@@ -26,10 +26,12 @@ from handlers.server.http import (
     lmi,
     metrics,
     models,
+    multi_model,
     openai,
     openapi,
     responses_api,
     sagemaker,
+    sessions,
     tgi,
     tokens,
 )
@@ -42,13 +44,15 @@ from handlers.server.telemetry import RequestCounter
 
 PROTOCOLS: tuple[Protocol, ...] = tuple(module.PROTOCOL for module in (
     health, models, openai, embeddings, databricks, kserve, generate, tgi, metrics,
-    responses_api, anthropic, tokens, adapters, lmi))
+    responses_api, anthropic, tokens, adapters, sessions, lmi))
+EXPIRY_SWEEP_SECONDS = 60  # how often expired stateful sessions are let go at the latest
 
 
 def served_protocols() -> tuple[Protocol, ...]:
     """Every protocol, and the entries that answer whichever of them a body speaks."""
     entry = Invocations(body for protocol in PROTOCOLS for body in protocol.bodies)
-    return (*PROTOCOLS, invocations.protocol(entry), sagemaker.protocol(entry))
+    return (*PROTOCOLS, invocations.protocol(entry), sagemaker.protocol(entry),
+            multi_model.protocol(entry))
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -60,7 +64,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
             grpc = GrpcServer(ctx, settings.grpc_host, settings.grpc_port)
             await grpc.start()
             ctx.on_drain(grpc.stop)
+        expiry = None if ctx.sessions is None else asyncio.create_task(
+            ctx.sessions.expire_every(min(EXPIRY_SWEEP_SECONDS, settings.sessions_expiration)))
         yield
+        if expiry is not None:
+            expiry.cancel()
         await ctx.drained()  # the HTTP server drained its requests; so does gRPC
         await ctx.shutdown()
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -19,15 +19,19 @@ from handlers.engine.types import AdapterActivity, GenerationRequest
 from handlers.protocols.adapter_management import AdapterRecord
 from handlers.protocols.chat.answer import ChatFormat
 from handlers.protocols.checks import Checks, Refuse
-from handlers.protocols.errors import ErrorKind, ProtocolError
+from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.openai_responses import ResponseStore
 from handlers.server.driver import validated
 from handlers.server.failures import FailureStreak
 from handlers.server.generation import Admission, Generation
 from handlers.server.request_ids import current as current_request_id
 from handlers.server.request_ids import new_id
+from handlers.server.sessions import NEW_SESSION, SESSION_HEADER, Sessions
 from handlers.server.telemetry import Telemetry
 from handlers.server.tracing import NO_USAGE, RequestTrace, Tracing
+
+if TYPE_CHECKING:
+    from handlers.server.fleet import Fleet
 
 E = TypeVar("E", Engine, Embedder)
 P = ParamSpec("P")
@@ -59,8 +63,12 @@ class ServerSettings:
     job_queue_size: int = 1000  # client requests held at once
     api_key: str | None = field(default=None, repr=False)  # required on every route but health
     otlp_traces_endpoint: str | None = None  # where request traces go; None: traces off
+    stateful_sessions: bool = True  # option.enable_stateful_sessions (DJL LMI's default)
+    sessions_expiration: int = 1200  # seconds a session lives after it opened
+    max_sessions: int = 1000  # sessions open at once
     model_dir: Path = Path(".")  # where relative adapter sources are read from
     adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
+    model_roots: tuple[Path, ...] = ()  # the only places POST /models reads from
 
     def chat_format(self, engine: Engine) -> ChatFormat:
         """How `engine`'s chat answers are read: by its own parsers where it has them."""
@@ -140,16 +148,62 @@ class ServerContext:
         self.workers = anyio.CapacityLimiter(WORKERS)
         self._drains: list[Callable[[], Awaitable[None]]] = []
         self.adapter_records: dict[str, AdapterRecord] = {}  # what the adapter API reports
+        self.fleet: Fleet | None = None  # models loaded at runtime (POST /models), when served
         endpoint = settings.otlp_traces_endpoint
         self.tracing = Tracing(endpoint) if endpoint is not None else None
+        self.sessions = Sessions(settings.sessions_expiration, settings.max_sessions,
+                                 self._release_session) if settings.stateful_sessions else None
+        if self.sessions is not None:
+            self.telemetry.open_sessions(self.sessions.__len__)
 
-    def text_engine(self, refuse: Refuse, not_served: Callable[[str], ProtocolError]
-                    ) -> Engine:
-        """The generation engine, or the protocol's answer why none can answer: `not_served`
-        (given the model's name) on a server without one, else the refusal of one not ready."""
-        if self.generator is None:
-            raise not_served(self.settings.model_name)
-        return self.generator.ready_engine(refuse)
+    def text_engine(self, refuse: Refuse, not_served: Callable[[str], ProtocolError],
+                    named: object = None) -> Engine:
+        """The generation engine a request is for, or the protocol's answer why none can
+        answer: the model its caller targets (SageMaker's `X-Amzn-SageMaker-Target-Model`,
+        `/models/{name}/invoke`: 404 when none such is loaded), else the loaded model the body
+        `named`, else the server's own; `not_served` (given the model's name) on a server
+        without one, else the refusal of one not ready."""
+        bound = current_request_id()
+        target = bound.target if bound is not None else None
+        served = self.served(target) if target is not None else None
+        if target is not None and (served is None or served is self.embedder):
+            raise refuse(f"model {target!r} is not loaded", ErrorKind.NOT_FOUND)
+        if served is None and isinstance(named, str) and self.fleet is not None:
+            model = self.fleet.get(named)
+            served = model.served if model is not None else None
+        if served is None:
+            if self.generator is None:
+                raise not_served(self.settings.model_name)
+            served = self.generator
+        return served.ready_engine(refuse)
+
+    def load_models_with(self, fleet: Fleet) -> None:
+        """Serve models loaded at runtime through `fleet`, each under its own series in
+        /metrics."""
+        self.fleet = fleet
+        fleet.on_loaded = lambda name, engine: self.telemetry.add_engine(
+            name, engine.stats, engine.adapter_activity)
+        fleet.on_unloaded = lambda name, _engine: self.telemetry.remove_engine(name)
+
+    def served(self, name: str) -> Served | None:
+        """The model served under `name`: the server's own, its embedding model, or one loaded
+        at runtime."""
+        for served in (self.generator, self.embedder):
+            if served is not None and served.name == name:
+                return served
+        model = self.fleet.get(name) if self.fleet is not None else None
+        return model.served if model is not None else None
+
+    def name_of(self, engine: Engine) -> str:
+        """The name `engine` serves under (a model loaded at runtime's, else the server's)."""
+        return self._served_by(engine).name or self.settings.model_name
+
+    def _served_by(self, engine: Engine) -> Served[Engine]:
+        if self.fleet is not None:
+            for model in self.fleet.models.values():
+                if model.served.engine is engine:
+                    return model.served
+        return self.generator or Served(self.settings.model_name, engine)
 
     async def offload(self, work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`work(*args, **kwargs)` in a worker thread: what takes time in proportion to what
@@ -164,13 +218,15 @@ class ServerContext:
         own `timeout`, whichever is sooner."""
         trace = self._trace(requests)
         try:
+            requests = await self._in_session(requests)
             requests = await self.offload(validated, engine, requests, checks)
             server = self.settings.predict_timeout
             own = timeout is not None and (server is None or timeout < server)
-            outcome = self.generator.failures.record if self.generator is not None else None
+            served = self._served_by(engine)
             generation = Generation(engine, requests, self.admission,
-                                    timeout if own else server, outcome,
-                                    observer=self.telemetry.observer(requests, trace),
+                                    timeout if own else server, served.failures.record,
+                                    observer=self.telemetry.observer(requests, trace,
+                                                                     served.name),
                                     timeout_source="the request's timeout" if own else
                                     "option.predict_timeout")
         except Exception as exc:
@@ -180,6 +236,29 @@ class ServerContext:
         if trace is not None:
             trace.admitted(requests)
         return generation
+
+    async def _in_session(self, requests: list[GenerationRequest]) -> list[GenerationRequest]:
+        """The requests, in the stateful session the caller named (if any, and open)."""
+        request_id = current_request_id()
+        named = request_id.session if request_id is not None else None
+        if not named or named == NEW_SESSION:  # DJL LMI: NEW_SESSION on a generation: none
+            return requests
+        if self.sessions is None:
+            raise GenerationError(f"stateful sessions are off (option.enable_stateful_sessions="
+                                  f"false): {SESSION_HEADER} is refused", ErrorKind.SESSION)
+        await self.sessions.get(named)
+        return [replace(request, session=named) for request in requests]
+
+    async def _release_session(self, session: str) -> None:
+        for engine in self._engines():
+            await engine.release_session(session)
+
+    def _engines(self) -> list[Engine]:
+        """Every generation engine loaded: the server's own and those loaded at runtime."""
+        served = [self.generator] if self.generator is not None else []
+        if self.fleet is not None:
+            served += [model.served for model in self.fleet.models.values()]
+        return [s.engine for s in served if s.engine is not None]
 
     def _trace(self, requests: list[GenerationRequest]) -> RequestTrace | None:
         """The request's trace, when traces are on; its log lines carry the trace id."""
@@ -202,14 +281,24 @@ class ServerContext:
         return served.engine.stats() if served is not None and served.engine is not None else {}
 
     def model_names(self) -> list[str]:
-        """The names of the models served (an embedding model once it is loaded)."""
+        """The names of the models served (an embedding model once it is loaded, the models
+        loaded at runtime)."""
         served = (self.generator, self.embedder)
-        return [model.name for model in served if model is not None and model.name is not None]
+        loaded = list(self.fleet.models) if self.fleet is not None else []
+        return [model.name for model in served if model is not None and model.name is not None
+                ] + loaded
 
-    def adapters(self) -> tuple[str, ...]:
-        """The LoRA adapters the generation model serves, once it is loaded."""
-        served = self.generator
+    def adapters(self, served: Served[Engine] | None = None) -> tuple[str, ...]:
+        """The LoRA adapters a generation model (the server's own unless `served` names
+        another) serves, once it is loaded."""
+        served = served or self.generator
         return served.engine.adapters if served is not None and served.engine is not None else ()
+
+    def generation_model(self, name: str) -> Served[Engine] | None:
+        """The generation model a protocol's model name is for: one loaded at runtime by that
+        name, else the server's own (which the protocol checks the name against)."""
+        model = self.fleet.get(name) if self.fleet is not None else None
+        return model.served if model is not None else self.generator
 
     def ready(self) -> bool:
         """Whether every served model can answer (what /ping reports): one that loads later
@@ -242,6 +331,9 @@ class ServerContext:
         traces."""
         if self.tracing is not None:
             await self.offload(self.tracing.shutdown)
+        if self.fleet is not None:
+            for name in list(self.fleet.models):
+                await self.fleet.unload(name)
         if self.generator is not None and self.generator.engine is not None:
             await self.generator.engine.shutdown()
         if self.embedder is not None and self.embedder.engine is not None:

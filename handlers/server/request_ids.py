@@ -28,6 +28,10 @@ class RequestId:
     # The caller's W3C trace context (traceparent, tracestate), kept only while tracing is on.
     trace_headers: dict[str, str] = field(default_factory=dict)
     trace_id: str | None = None  # set once the request's trace began: its log lines show it
+    session: str | None = None  # the stateful session it names (X-Amzn-SageMaker-Session-Id)
+    # The model it is for, when its caller targets one: SageMaker's
+    # X-Amzn-SageMaker-Target-Model, or /models/{name}/invoke's name.
+    target: str | None = None
 
     def adopt(self, protocol_id: str | None) -> None:
         """Take the protocol's id from the body, unless the caller's header named one."""
@@ -53,6 +57,13 @@ def new_id(*given: str | None) -> RequestId:
 
 def current() -> RequestId | None:
     return _current.get()
+
+
+def target_model(name: str) -> None:
+    """The request being served is for model `name` (its route's path says so)."""
+    bound = _current.get()
+    if bound is not None:
+        bound.target = name
 
 
 @contextmanager

@@ -11,6 +11,7 @@ expiring a session lets them go. At most `option.max_sessions` are open at once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from datetime import UTC, datetime
 
 from handlers.protocols.errors import ErrorKind, GenerationError
 
+SESSION_HEADER = "X-Amzn-SageMaker-Session-Id"  # the session a request belongs to
 NEW_SESSION = "NEW_SESSION"  # the session header's value that asks for a new session
 Release = Callable[[str], Awaitable[None]]  # the engine letting a session's cache go
 
@@ -75,6 +77,13 @@ class Sessions:
         await self.get(session_id)
         del self._open[session_id]
         await self._release(session_id)
+
+    async def expire_every(self, seconds: float) -> None:
+        """Let expired sessions go every `seconds` (each call also does), so that an idle
+        server's pinned caches do not outlive them; runs until cancelled."""
+        while True:
+            await asyncio.sleep(seconds)
+            await self._expire()
 
     async def _expire(self) -> None:
         now = self._clock()

@@ -19,6 +19,7 @@ Table = MappingProxyType
 
 HTTP: Table[ErrorKind, int] = MappingProxyType({
     ErrorKind.VALIDATION: 400,
+    ErrorKind.SESSION: 400,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.TIMEOUT: 408,
     ErrorKind.TOO_LARGE: 413,
@@ -35,6 +36,7 @@ RETRY_AFTER_SECONDS = 1  # what an overloaded server tells its clients to wait
 
 GRPC: Table[ErrorKind, StatusCode] = MappingProxyType({
     ErrorKind.VALIDATION: StatusCode.INVALID_ARGUMENT,
+    ErrorKind.SESSION: StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: StatusCode.NOT_FOUND,
     ErrorKind.TIMEOUT: StatusCode.DEADLINE_EXCEEDED,
     ErrorKind.TOO_LARGE: StatusCode.RESOURCE_EXHAUSTED,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -38,7 +38,7 @@ from handlers.engine.types import (
 )
 from handlers.server.tracing import RequestTrace, Usage
 
-Stats = Callable[[], dict[str, int]]  # the generation engine's stats(); {} while not ready
+Stats = Callable[[], dict[str, float]]  # the generation engine's stats(); {} while not ready
 # The generation engine's adapter_activity(); None while not ready or with LoRA off.
 Activity = Callable[[], AdapterActivity | None]
 Pairs = Iterable[tuple[int, RequestOutput]]
@@ -109,55 +109,63 @@ class _Progress:
     reason: FinishReason | None = None  # the first sequence's
 
 
+@dataclass(frozen=True)
+class ModelMetrics:
+    """One model's series of the request metrics (LMI's `model` label, vLLM's `model_name`)."""
+
+    ttft: _Both
+    itl: _Both
+    e2e: _Both
+    queue: _Both
+    request_prompt: _Both
+    request_generation: _Both
+    prompt_tokens: Any
+    generation_tokens: Any
+    success: dict[str, Any]
+
+
 class Telemetry:
     def __init__(self, model_name: str, stats: Stats, activity: Activity = lambda: None
                  ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
-        lmi, vllm = (model_name,), (model_name, "0")  # vLLM's engine index: one engine here
+        lmi = (model_name,)
+        self._histograms: dict[str, list[Histogram]] = {}  # by field: LMI's, then vLLM's names
+        self._models: dict[str, ModelMetrics] = {}
+        self._engines = EngineCollector()
 
-        def histogram(name: str, vllm_names: Sequence[str], doc: str,
-                      buckets: Sequence[float]) -> _Both:
-            made = [Histogram(name, doc, ["model"], registry=self.registry, buckets=buckets)
-                    .labels(*lmi)]
+        def histogram(key: str, name: str, vllm_names: Sequence[str], doc: str,
+                      buckets: Sequence[float]) -> None:
+            made = [Histogram(name, doc, ["model"], registry=self.registry, buckets=buckets)]
             made += [Histogram(other, doc, ["model_name", "engine"], registry=self.registry,
-                               buckets=buckets).labels(*vllm) for other in vllm_names]
-            return _Both(*made)
+                               buckets=buckets) for other in vllm_names]
+            self._histograms[key] = made
 
         def counter(name: str, doc: str, labels: Sequence[str] = ("model",)) -> Counter:
             return Counter(name, doc, labels, registry=self.registry)
 
-        self.ttft = histogram("lmi_time_to_first_token_seconds",
-                              ["vllm:time_to_first_token_seconds"],
-                              "Time from a request's arrival to its first token", TTFT_BUCKETS)
+        histogram("ttft", "lmi_time_to_first_token_seconds", ["vllm:time_to_first_token_seconds"],
+                  "Time from a request's arrival to its first token", TTFT_BUCKETS)
         # vLLM renamed time_per_output_token to inter_token_latency; dashboards use either.
-        self.itl = histogram("lmi_inter_token_latency_seconds",
-                             ["vllm:inter_token_latency_seconds",
-                              "vllm:time_per_output_token_seconds"],
-                             "Time between a request's successive token outputs", ITL_BUCKETS)
-        self.e2e = histogram("lmi_e2e_request_latency_seconds",
-                             ["vllm:e2e_request_latency_seconds"],
-                             "Time from a request's arrival to its last output", LATENCY_BUCKETS)
-        self.queue = histogram("lmi_request_queue_time_seconds",
-                               ["vllm:request_queue_time_seconds"],
-                               "Time a request waited before the engine scheduled it",
-                               LATENCY_BUCKETS)
-        self.request_prompt = histogram("lmi_request_prompt_tokens",
-                                        ["vllm:request_prompt_tokens"],
-                                        "Prompt tokens of each finished request", TOKEN_BUCKETS)
-        self.request_generation = histogram("lmi_request_generation_tokens",
-                                            ["vllm:request_generation_tokens"],
-                                            "Tokens generated for each finished request",
-                                            TOKEN_BUCKETS)
+        histogram("itl", "lmi_inter_token_latency_seconds",
+                  ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"],
+                  "Time between a request's successive token outputs", ITL_BUCKETS)
+        histogram("e2e", "lmi_e2e_request_latency_seconds", ["vllm:e2e_request_latency_seconds"],
+                  "Time from a request's arrival to its last output", LATENCY_BUCKETS)
+        histogram("queue", "lmi_request_queue_time_seconds", ["vllm:request_queue_time_seconds"],
+                  "Time a request waited before the engine scheduled it", LATENCY_BUCKETS)
+        histogram("request_prompt", "lmi_request_prompt_tokens", ["vllm:request_prompt_tokens"],
+                  "Prompt tokens of each finished request", TOKEN_BUCKETS)
+        histogram("request_generation", "lmi_request_generation_tokens",
+                  ["vllm:request_generation_tokens"], "Tokens generated for each finished "
+                  "request", TOKEN_BUCKETS)
         # LMI's token counters are the engine's (lmi_prompt_tokens_total, read from stats()).
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of the requests served",
-                                     ("model_name", "engine")).labels(*vllm)
-        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated",
-                                         ("model_name", "engine")).labels(*vllm)
-        success = counter("vllm:request_success", "Requests finished, by why they finished",
-                          ("model_name", "engine", "finished_reason"))
-        self.success = {reason: success.labels(*vllm, reason)
-                        for reason in dict.fromkeys(FINISHED_REASONS.values())}
+        self._prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of the requests "
+                                      "served", ("model_name", "engine"))
+        self._generation_tokens = counter("vllm:generation_tokens", "Tokens generated",
+                                          ("model_name", "engine"))
+        self._success = counter("vllm:request_success", "Requests finished, by why they "
+                                "finished", ("model_name", "engine", "finished_reason"))
         self.requests = counter("lmi_requests", "Requests answered, by protocol, route and status",
                                 ("protocol", "route", "status"))
         self.rejections = counter("lmi_rejected_requests",
@@ -168,7 +176,50 @@ class Telemetry:
         self.adapter_requests = counter("lmi_adapter_requests",
                                         "Engine requests run with a LoRA adapter, by adapter",
                                         ("model", "adapter"))
-        self.registry.register(EngineCollector(model_name, stats, activity))
+        self.registry.register(self._engines)
+        self.add_engine(model_name, stats, activity)
+
+    def metrics(self, model: str) -> ModelMetrics:
+        """Model `model`'s series, made on first use."""
+        found = self._models.get(model)
+        if found is None:
+            lmi, vllm = (model,), (model, "0")  # vLLM's engine index: one engine per model
+
+            def both(key: str) -> _Both:
+                first, *others = self._histograms[key]
+                return _Both(first.labels(*lmi), *(other.labels(*vllm) for other in others))
+
+            found = self._models[model] = ModelMetrics(
+                *(both(key) for key in ("ttft", "itl", "e2e", "queue", "request_prompt",
+                                        "request_generation")),
+                self._prompt_tokens.labels(*vllm), self._generation_tokens.labels(*vllm),
+                {reason: self._success.labels(*vllm, reason)
+                 for reason in dict.fromkeys(FINISHED_REASONS.values())})
+        return found
+
+    def add_engine(self, model: str, stats: Stats, activity: Activity = lambda: None) -> None:
+        """Report model `model`'s engine gauges and counters (read at scrape time)."""
+        self._engines.engines[model] = _EngineReading(model, stats, activity)
+        self.metrics(model)
+
+    def remove_engine(self, model: str) -> None:
+        """Model `model` was unloaded: its series go (its engine with them)."""
+        self._engines.engines.pop(model, None)
+        if self._models.pop(model, None) is None:
+            return
+        for first, *others in self._histograms.values():
+            first.remove(model)
+            for other in others:
+                other.remove(model, "0")
+        for counter in (self._prompt_tokens, self._generation_tokens):
+            counter.remove(model, "0")
+        for reason in dict.fromkeys(FINISHED_REASONS.values()):
+            self._success.remove(model, "0", reason)
+
+    def open_sessions(self, count: Callable[[], int]) -> None:
+        """Report the stateful sessions open, as `count()` says at each scrape."""
+        Gauge("lmi_open_sessions", "Stateful sessions open", ["model"], registry=self.registry
+              ).labels(self.model_name).set_function(count)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -183,22 +234,42 @@ class Telemetry:
     def answered(self, protocol: str, route: str, status: int | str) -> None:
         self.requests.labels(protocol, route, str(status)).inc()
 
-    def observer(self, requests: Sequence[GenerationRequest], trace: RequestTrace | None = None
-                 ) -> RequestObserver:
-        """What observes one client request's engine requests (see Generation), and ends its
-        trace when it has one."""
+    def observer(self, requests: Sequence[GenerationRequest], trace: RequestTrace | None = None,
+                 model: str | None = None) -> RequestObserver:
+        """What observes one client request's engine requests to `model` (None: the server's
+        model) (see Generation), and ends its trace when it has one."""
+        model = model or self.model_name
         for request in requests:
             if request.adapter is not None:
-                self.adapter_requests.labels(self.model_name, request.adapter).inc()
-        return RequestObserver(self, [_Progress(request.arrival_time) for request in requests],
-                               trace)
+                self.adapter_requests.labels(model, request.adapter).inc()
+        return RequestObserver(self.metrics(model),
+                               [_Progress(request.arrival_time) for request in requests], trace)
 
-    # -- one engine request's outputs -----------------------------------------------------------
+class RequestObserver:
+    """What one client request's engine requests did, observed as their outputs arrive:
+    latencies once per engine request, tokens as they come."""
+
+    def __init__(self, metrics: ModelMetrics, progress: list[_Progress],
+                 trace: RequestTrace | None = None) -> None:
+        self._metrics = metrics
+        self._progress = progress
+        self._trace = trace
+
+    def outputs(self, pairs: Pairs) -> None:
+        now = time.monotonic()
+        for index, output in pairs:
+            self._output(self._progress[index], output, now)
+
+    def abandoned(self, indices: Iterable[int]) -> None:
+        """These requests were aborted unfinished (a client gone, a deadline, a failure)."""
+        for _ in indices:
+            self._metrics.success["abort"].inc()
 
     def _output(self, progress: _Progress, output: RequestOutput, now: float) -> None:
+        metrics = self._metrics
         if progress.prompt_tokens is None:
             progress.prompt_tokens = output.prompt_token_count
-            self.prompt_tokens.inc(output.prompt_token_count)
+            metrics.prompt_tokens.inc(output.prompt_token_count)
         new = 0
         for seq in output.outputs:
             done = progress.generated.get(seq.index, 0)
@@ -209,46 +280,26 @@ class Telemetry:
                 progress.reason = seq.finish_reason
         progress.last_output = now
         if new:
-            self.generation_tokens.inc(new)
+            metrics.generation_tokens.inc(new)
             if progress.last_token is None:
-                self.ttft.observe(now - progress.arrival)
+                metrics.ttft.observe(now - progress.arrival)
                 progress.first_token = now
             else:
-                self.itl.observe(now - progress.last_token)
+                metrics.itl.observe(now - progress.last_token)
             progress.last_token = now
         if output.finished:
             self._finished(progress, output, now)
 
     def _finished(self, progress: _Progress, output: RequestOutput, now: float) -> None:
+        metrics = self._metrics
         reason = progress.reason or next(
             (seq.finish_reason for seq in output.outputs if seq.finish_reason), FinishReason.STOP)
-        self.success[FINISHED_REASONS[reason]].inc()
-        self.e2e.observe(now - progress.arrival)
+        metrics.success[FINISHED_REASONS[reason]].inc()
+        metrics.e2e.observe(now - progress.arrival)
         progress.queue_time = output.metrics.queue_time
-        self.queue.observe(progress.queue_time)
-        self.request_prompt.observe(progress.prompt_tokens or 0)
-        self.request_generation.observe(sum(progress.generated.values()))
-
-
-class RequestObserver:
-    """What one client request's engine requests did, observed as their outputs arrive:
-    latencies once per engine request, tokens as they come."""
-
-    def __init__(self, telemetry: Telemetry, progress: list[_Progress],
-                 trace: RequestTrace | None = None) -> None:
-        self._telemetry = telemetry
-        self._progress = progress
-        self._trace = trace
-
-    def outputs(self, pairs: Pairs) -> None:
-        now = time.monotonic()
-        for index, output in pairs:
-            self._telemetry._output(self._progress[index], output, now)
-
-    def abandoned(self, indices: Iterable[int]) -> None:
-        """These requests were aborted unfinished (a client gone, a deadline, a failure)."""
-        for _ in indices:
-            self._telemetry.success["abort"].inc()
+        metrics.queue.observe(progress.queue_time)
+        metrics.request_prompt.observe(progress.prompt_tokens or 0)
+        metrics.request_generation.observe(sum(progress.generated.values()))
 
     def closed(self, error: str | None) -> None:
         """The client request ended (`error`: why it failed); its trace's spans are written."""
@@ -279,7 +330,25 @@ VLLM_GAUGES = {
 
 
 class EngineCollector(Collector):
-    """The engine's own gauges and counters, read at scrape time."""
+    """The engines' own gauges and counters, read at scrape time: one family per metric, a
+    series in it per model."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, _EngineReading] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for reading in list(self.engines.values()):
+            for metric in reading.collect():
+                if metric.name in families:
+                    families[metric.name].samples += metric.samples
+                else:
+                    families[metric.name] = metric
+        yield from families.values()
+
+
+class _EngineReading:
+    """One model's engine, read."""
 
     def __init__(self, model_name: str, stats: Stats, activity: Activity) -> None:
         self.model_name = model_name
@@ -296,6 +365,10 @@ class EngineCollector(Collector):
                              stats.get(key, 0))
         if "kv_cache_slots_total" in stats:  # an engine with a KV cache of batch slots
             yield from self._kv_cache(stats)
+        elif "kv_cache_usage" in stats:  # an engine that reports its cache's use itself
+            yield self._kv_usage(stats["kv_cache_usage"])
+        if "kv_cache_blocks" in stats:
+            yield _cache_config(stats, "prefix_cache_queries" in stats)
         if "prefix_cache_queries" in stats:  # an engine caching prompt prefixes
             yield from self._prefix_cache(stats)
         if "dynamic_batches" in stats:  # option.rolling_batch=disable
@@ -326,13 +399,19 @@ class EngineCollector(Collector):
                                           labels=["model"]), used)
         yield self._one(GaugeMetricFamily("lmi_kv_cache_slots", "KV-cache batch slots in all",
                                           labels=["model"]), total)
-        yield self._vllm(GaugeMetricFamily("vllm:kv_cache_usage_perc",
-                                           "Share of the KV-cache batch slots in use (0 to 1)",
-                                           labels=["model_name", "engine"]),
-                         used / total if total else 0.0)
+        yield self._kv_usage(used / total if total else 0.0)
+
+    def _kv_usage(self, share: float) -> Metric:
+        return self._vllm(GaugeMetricFamily("vllm:kv_cache_usage_perc",
+                                            "Share of the KV cache in use (0 to 1)",
+                                            labels=["model_name", "engine"]), share)
 
     def _prefix_cache(self, stats: dict[str, int]) -> Iterator[Metric]:
         """Prompt tokens looked up and found, in LMI's names and vLLM's (hit rate: their ratio)."""
+        if "prefix_cache_pinned_tokens" in stats:
+            yield self._one(GaugeMetricFamily(
+                "lmi_prefix_cache_pinned_tokens", "Tokens the prefix cache keeps pinned for open "
+                "stateful sessions", labels=["model"]), stats["prefix_cache_pinned_tokens"])
         for key, doc in (("queries", "Prompt tokens looked up in the prefix cache"),
                          ("hits", "Prompt tokens found in the prefix cache (not prefilled)")):
             value = stats[f"prefix_cache_{key}"]
@@ -350,6 +429,18 @@ class EngineCollector(Collector):
             [self.model_name], stats["dynamic_batches"], stats["dynamic_batch_requests"]
         )
         return metric
+
+
+def _cache_config(stats: dict[str, float], prefix_caching: bool) -> Metric:
+    """vLLM's `vllm:cache_config_info` (value 1, the facts in its labels): the block size and
+    block count the Gateway API Inference Extension's prefix-aware routing sizes its index by."""
+    labels = {"block_size": str(int(stats["kv_cache_block_size"])),
+              "num_gpu_blocks": str(int(stats["kv_cache_blocks"])),
+              "enable_prefix_caching": str(prefix_caching), "engine": "0"}
+    metric = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache "
+                               "configuration", labels=list(labels))
+    metric.add_metric(list(labels.values()), 1)
+    return metric
 
 
 def _lora_info(activity: AdapterActivity) -> Metric:

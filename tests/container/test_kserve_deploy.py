@@ -260,3 +260,16 @@ def test_service_selects_the_runtime(runtime: Document, service: Document) -> No
 def format_label(model_format: Document) -> str:
     version = model_format.get("version")
     return model_format["name"] if version is None else f"{model_format['name']}:{version}"
+
+
+def test_service_routes_to_several_replicas_that_each_report_their_load(
+        service: Document, runtime: Document) -> None:
+    """Several replicas behind the InferenceService, scaled by the autoscaler Standard mode
+    runs (an HPA: cpu or memory), each scraped for its own load: KServe's Prometheus
+    annotations point at the runtime's /metrics, which carries vLLM's gauges (as the inference
+    gateway reads them: tests/e2e/test_e2e_lmi.py)."""
+    predictor = service["spec"]["predictor"]
+    assert 2 <= predictor["minReplicas"] <= predictor["maxReplicas"]
+    assert predictor["scaleMetric"] in ("cpu", "memory") and 0 < predictor["scaleTarget"] <= 100
+    annotations = runtime["spec"]["annotations"]  # what KServe puts on the replicas' pods
+    assert annotations.get("prometheus.kserve.io/path") == "/metrics"

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 from server_process import running_server
 
 pytestmark = pytest.mark.e2e
@@ -165,3 +166,23 @@ def test_sse_and_tgi_compat_servers(tmp_path, option, content_type):
         text = sse_events(plain)[-1]["generated_text"]
     assert "".join(e["token"]["text"] for e in events) == text
     assert events[-1]["generated_text"] == text
+
+
+def test_metrics_carry_what_the_inference_gateway_reads(served):
+    """The Gateway API Inference Extension's model-server protocol (what llm-d's endpoint picker
+    scrapes), on whichever engine serves: queued and running requests and the KV cache's use
+    as gauges under vLLM's names and labels, and `vllm:cache_config_info` with the block size
+    and block count its prefix-aware routing sizes its index by."""
+    families = {family.name: family for family in
+                text_string_to_metric_families(requests.get(f"{served.url}/metrics").text)}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc"):
+        family = families[name]
+        assert family.type == "gauge"
+        [sample] = family.samples
+        assert sample.labels == {"model_name": "smollm2-135m-instruct", "engine": "0"}
+        assert sample.value >= 0
+    assert families["vllm:kv_cache_usage_perc"].samples[0].value <= 1
+    [config] = families["vllm:cache_config_info"].samples
+    assert config.value == 1
+    assert int(config.labels["block_size"]) > 0 and int(config.labels["num_gpu_blocks"]) > 0

@@ -104,3 +104,42 @@ def test_a_prompt_longer_than_the_budget_is_not_kept():
     fill(cache, 0, len(prompt), seed=4)
     prefix.keep(prompt, slot=0)
     assert prefix.restore(prompt, slot=1) == 0
+
+
+def test_a_pinned_session_survives_what_evicts_prompts_and_goes_when_released():
+    """A session's conversation stays while other prompts come and go; a second session makes
+    room by unpinned prompts first; released, it is gone."""
+    cache, prefix, _ = setup(max_tokens=4 * BLOCK)
+    turn = list(range(2 * BLOCK + 3))
+    fill(cache, 0, len(turn), seed=5)
+    prefix.pin("s1", turn, slot=0, adapter=None)
+    for seed, start in enumerate((1000, 2000, 3000), start=6):  # each needs the room of two
+        prompt = list(range(start, start + 2 * BLOCK))
+        fill(cache, 1, len(prompt), seed=seed)
+        prefix.keep(prompt, slot=1)
+    assert prefix.restore(turn + [9], slot=2) == len(turn)
+    assert prefix.pinned_tokens == len(turn)
+    other = list(range(5000, 5000 + BLOCK))
+    fill(cache, 3, len(other), seed=9)
+    prefix.pin("s2", other, slot=3, adapter=None)  # the kept prompt gives way, not s1
+    assert prefix.restore(turn + [9], slot=2) == len(turn)
+    assert prefix.restore(other + [9], slot=2) == BLOCK
+    prefix.release("s1")
+    assert prefix.restore(turn + [9], slot=2) == 0
+    assert prefix.pinned_tokens == BLOCK
+
+
+def test_a_prompt_never_evicts_a_session_and_a_new_turn_replaces_the_last():
+    cache, prefix, _ = setup(max_tokens=3 * BLOCK)
+    first = list(range(2 * BLOCK))
+    fill(cache, 0, len(first), seed=10)
+    prefix.pin("s", first, slot=0, adapter=None)
+    prompt = list(range(7000, 7000 + 2 * BLOCK))
+    fill(cache, 1, len(prompt), seed=11)
+    prefix.keep(prompt, slot=1)  # no room without the session's: not kept
+    assert prefix.restore(prompt + [1], slot=2) == 0
+    second = first + list(range(900, 900 + BLOCK))
+    fill(cache, 0, len(second), seed=12)
+    prefix.pin("s", second, slot=0, adapter=None)  # the next turn's conversation, in its place
+    assert prefix.pinned_tokens == len(second) == prefix.kept_tokens
+    assert prefix.restore(second + [1], slot=2) == len(second)

@@ -375,3 +375,37 @@ def test_each_request_gets_the_models_own_answer_whatever_the_schedule(reference
                 assert len(got) == req.params.max_new_tokens
             assert_models_own(reference, loaded, req.prompt_token_ids, got,
                               req.params.max_new_tokens)
+
+
+# Room for ~200 of the tiny model's tokens: the session's ~105 and the other prompts' ~210
+# cannot all stay.
+@pytest.mark.parametrize("engine", [{"prefix_cache_bytes": 200 * 512}], indirect=True)
+async def test_a_sessions_next_turn_prefills_only_what_is_new(reference, engine, loaded):
+    """A stateful session's turn pins its whole conversation (prompt and answer): the next turn,
+    which repeats it and adds a question, finds all of it cached although a stream of other
+    prompts went through the cache between the turns, and answers as generate() does; once
+    the session is released, the same turn finds nothing."""
+    tokenizer = loaded.tokenizer
+    first_prompt = tokenizer.encode(SYSTEM + " Question one?", add_special_tokens=False)
+    first = GenerationRequest(prompt="", prompt_token_ids=first_prompt, session="s1",
+                              params=SamplingParams(max_new_tokens=10, ignore_eos=True))
+    answer = [t.id for out in [o async for o in engine.generate(first)]
+              for s in out.outputs for t in s.tokens]
+    for prompt in PROMPTS:  # others fill the cache, unpinned
+        await run(engine, prompt * 3, max_new_tokens=2, ignore_eos=True)
+    assert engine.batcher.prefix.max_tokens == 200
+    second_prompt = first_prompt + answer + tokenizer.encode(" And then?",
+                                                             add_special_tokens=False)
+    before = engine.stats()["prefix_cache_hits"]
+    second = GenerationRequest(prompt="", prompt_token_ids=second_prompt, session="s1",
+                               params=SamplingParams(max_new_tokens=6, ignore_eos=True))
+    ids = [t.id for out in [o async for o in engine.generate(second)]
+           for s in out.outputs for t in s.tokens]
+    conversation = len(first_prompt) + len(answer) - 1  # the last answer token was not fed
+    assert engine.stats()["prefix_cache_hits"] - before == conversation
+    assert ids == hf_greedy(reference, loaded, second_prompt, 6)
+    await engine.release_session("s1")
+    await engine.release_session("s1")  # a second release is harmless
+    before = engine.stats()["prefix_cache_hits"]
+    await run(engine, tokenizer.decode(second_prompt + ids), max_new_tokens=1)
+    assert engine.stats()["prefix_cache_hits"] - before < conversation

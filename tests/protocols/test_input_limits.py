@@ -54,13 +54,15 @@ ROUTES = {
     "/generate": (TGI, {"inputs": "a b"}),
     "/generate_stream": (TGI, {"inputs": "a b"}),
     "/": (TGI, {"inputs": "a b"}),
+    "/models/{model}/invoke": (LMI, {"inputs": "a b"}),  # the server's own model, by name
 }
 BODILESS = {"/v1/models/{model}:explain",  # answers 501 without reading a body
             # DJL's adapter management reads its query (test_adapter_management.py)
             *(f"{prefix}/adapters{tail}" for prefix in ("", "/models/{model}")
               for tail in ("", "/{name}/update"))}
-# vLLM's adapter loading reads JSON bodies; test_adapter_management.py tests their limits
-MANAGEMENT = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+# vLLM's adapter loading and SageMaker's model loading read JSON bodies;
+# test_adapter_management.py and test_multi_model.py test their limits
+MANAGEMENT = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/models"}
 
 
 def url_of(route: str) -> str:

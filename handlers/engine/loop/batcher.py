@@ -24,7 +24,7 @@ import torch
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
 from handlers.engine.grammars import Grammars, mask_logits
 from handlers.engine.loop import sampling
-from handlers.engine.loop.prefix_cache import PrefixCache
+from handlers.engine.loop.prefix_cache import BLOCK, PrefixCache
 from handlers.engine.loop.runner import PrefillChunk, Runner
 from handlers.engine.loop.sequence import RequestState, Sequence, Thinking, make_token
 from handlers.engine.types import (
@@ -100,14 +100,26 @@ class ContinuousBatcher:
 
     def stats(self) -> dict[str, int]:
         """Read from other threads: plain ints, so a slightly stale view at worst."""
-        return {"running_requests": len(self.states), "waiting_requests": len(self.waiting),
-                "kv_cache_slots_in_use": self._used_slots(),
-                "kv_cache_slots_total": self.max_batch_size, **self.counters}
+        stats = {"running_requests": len(self.states), "waiting_requests": len(self.waiting),
+                 "kv_cache_slots_in_use": self._used_slots(),
+                 "kv_cache_slots_total": self.max_batch_size, **self.counters}
+        # What the slots and the kept prefixes can hold, in the prefix cache's blocks.
+        kept = self.prefix.max_tokens if self.prefix is not None else 0
+        stats["kv_cache_block_size"] = BLOCK
+        stats["kv_cache_blocks"] = (self.max_batch_size * self.max_model_len + kept) // BLOCK
+        if self.prefix is not None:
+            stats["prefix_cache_pinned_tokens"] = self.prefix.pinned_tokens
+        return stats
 
     def forget_adapter(self, adapter: str) -> None:
         """LoRA adapter `adapter` was removed: drop the prefixes computed with it."""
         if self.prefix is not None:
             self.prefix.forget(adapter)
+
+    def release_session(self, session: str) -> None:
+        """Stateful session `session` ended: unpin its conversation's keys/values."""
+        if self.prefix is not None:
+            self.prefix.release(session)
 
     @property
     def running(self) -> int:
@@ -487,9 +499,19 @@ class ContinuousBatcher:
             seq.finish(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
         touched[state.request_id] = state
 
+    def _pin_session(self, seq: Sequence) -> None:
+        """A session's answer ended: pin its conversation so far (every token whose keys and
+        values the slot holds) for the session's next turn."""
+        session = self._state_of(seq).request.session
+        if self.prefix is not None and session is not None and seq.index == 0 and \
+                seq.finish_reason not in (FinishReason.ABORT, FinishReason.ERROR):
+            self.prefix.pin(session, seq.token_ids[:seq.cached], seq.slot,
+                            self._state_of(seq).request.adapter)
+
     def _release_finished(self) -> None:
         """Free the slots of finished sequences, keeping running ones in slots 0..B-1."""
         for seq in sorted((s for s in self.decoding if s.finished), key=lambda s: -s.slot):
+            self._pin_session(seq)
             last = self.decoding.pop()
             freed = last.slot
             if last is not seq:

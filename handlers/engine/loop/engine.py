@@ -155,6 +155,9 @@ class LoopEngine:
         # Its kept prefixes must not serve a new adapter registered under the same name.
         self.loop.call(lambda batcher: batcher.forget_adapter(name))
 
+    async def release_session(self, session: str) -> None:
+        self.loop.call(lambda batcher: batcher.release_session(session))
+
     def stats(self) -> dict[str, int]:
         return self.batcher.stats()
 

@@ -11,6 +11,10 @@ loads as cheaply. The runner holds the saved keys/values (`save_prefix` / `load_
 class decides what to keep within a budget of tokens, least recently used first out, and counts
 queried and reused prompt tokens (the hit rate's two halves, as vLLM's `prefix_cache_queries` /
 `prefix_cache_hits`).
+
+A stateful session's conversation is pinned (`pin`): its entry is found as any other but never
+evicted for a prompt; sessions only make room for sessions, the least recently used first, and
+`release` lets a closed or expired session's entry go.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class _Entry:
     adapter: str | None  # the LoRA adapter its keys/values were computed with
     saved: Any  # the runner's copy of their keys/values
     used: int  # when last kept or reused (a logical clock)
+    session: str | None = None  # the stateful session it is pinned for
 
 
 class PrefixCache:
@@ -52,7 +57,9 @@ class PrefixCache:
         counters.setdefault("prefix_cache_hits", 0)
         self._by_hash: dict[int, list[_Entry]] = {}  # block-prefix hash -> entries holding it
         self._entries: list[_Entry] = []
+        self._pinned: dict[str, _Entry] = {}  # by session
         self.kept_tokens = 0  # in all entries, at most max_tokens
+        self.pinned_tokens = 0  # in sessions' entries (read by stats() from other threads)
         self._clock = itertools.count()
 
     def restore(self, prompt: Sequence[int], slot: int, adapter: str | None = None) -> int:
@@ -78,17 +85,49 @@ class PrefixCache:
         if entry is not None and matched == length:
             entry.used = next(self._clock)
             return
-        if entry is not None and len(entry.tokens) == matched:
+        if entry is not None and len(entry.tokens) == matched and entry.session is None:
             self._drop(entry)
+        if self._make_room(length, [e for e in self._entries if e.session is None]):
+            self._add(_Entry(tuple(prompt), adapter, None, 0), slot)
+
+    def pin(self, session: str, tokens: Sequence[int], slot: int, adapter: str | None) -> None:
+        """`slot` holds `tokens`' keys/values, a session's conversation so far: keep them for
+        the session (in place of what it kept before), making room among unpinned prefixes
+        first, then among other sessions'."""
+        self.release(session)
+        length = len(tokens)
+        if length < BLOCK or length > self.max_tokens:
+            return
+        if self._make_room(length, list(self._entries)):
+            self._pinned[session] = self._add(_Entry(tuple(tokens), adapter, None, 0, session),
+                                              slot)
+            self.pinned_tokens += length
+
+    def release(self, session: str) -> None:
+        """Unpin (and drop) what session `session` kept."""
+        entry = self._pinned.get(session)
+        if entry is not None:
+            self._drop(entry)
+
+    def _make_room(self, length: int, evictable: list[_Entry]) -> bool:
+        """Drop entries of `evictable` (unpinned before pinned, each least recently used first)
+        until `length` more tokens and one more entry fit; False if they cannot."""
+        order = sorted(evictable, key=lambda e: (e.session is not None, e.used))
         while self.kept_tokens + length > self.max_tokens or (
                 self.max_entries is not None and len(self._entries) >= self.max_entries):
-            self._drop(min(self._entries, key=lambda e: e.used))
-        entry = _Entry(tuple(prompt[:length]), adapter, self.store.save_prefix(slot, length),
-                       next(self._clock))
+            if not order:
+                return False
+            self._drop(order.pop(0))
+        return True
+
+    def _add(self, entry: _Entry, slot: int) -> _Entry:
+        entry.saved = self.store.save_prefix(slot, len(entry.tokens))
+        entry.used = next(self._clock)
         self._entries.append(entry)
-        self.kept_tokens += length
-        for key in _block_hashes(entry.tokens, length, adapter):
+        self.kept_tokens += len(entry.tokens)
+        for key in _block_hashes(entry.tokens, len(entry.tokens), entry.adapter):
             self._by_hash.setdefault(key, []).append(entry)
+        return entry
 
     def forget(self, adapter: str) -> None:
         """Drop every prefix computed with LoRA adapter `adapter`."""
@@ -120,6 +159,9 @@ class PrefixCache:
     def _drop(self, entry: _Entry) -> None:
         self.store.drop_prefix(entry.saved)
         self._entries.remove(entry)
+        if entry.session is not None:
+            del self._pinned[entry.session]
+            self.pinned_tokens -= len(entry.tokens)
         self.kept_tokens -= len(entry.tokens)
         for key in _block_hashes(entry.tokens, len(entry.tokens), entry.adapter):
             holders = self._by_hash[key]

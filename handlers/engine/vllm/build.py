@@ -19,6 +19,7 @@ from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.vllm.answers import VllmAnswerParsing
 from handlers.engine.vllm.args import engine_kwargs, vllm_fields
 from handlers.engine.vllm.engine import VllmEngine
+from handlers.engine.vllm.scheduler_stats import SchedulerReadings
 from handlers.model_source import resolve_model_source
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,12 @@ def build(config: Config) -> EngineBuild:
     hf_tokenizer = tokenizer(config, model_dir)
     parsing = VllmAnswerParsing(config, hf_tokenizer.hf) \
         if config.reasoning_parser or config.tool_call_parser else None
-    llm = AsyncLLMEngine.from_engine_args(args)
+    readings = SchedulerReadings()
+    llm = AsyncLLMEngine.from_engine_args(args, stat_loggers=[readings.factory])
     engine = VllmEngine(llm, hf_tokenizer, config.model_name,
                         stall_timeout=config.engine_stall_timeout or None,
                         adapters=[(a.name, str(a.path)) for a in config.adapters],
-                        answer_parsing=parsing)
+                        answer_parsing=parsing, readings=readings)
     return EngineBuild(engine)
 
 

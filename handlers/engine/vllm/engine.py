@@ -36,6 +36,7 @@ from handlers.engine.types import (
 )
 from handlers.engine.vllm.outputs import OutputMapper
 from handlers.engine.vllm.sampling import sampling_kwargs, structured_kwargs
+from handlers.engine.vllm.scheduler_stats import SchedulerReadings
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,10 @@ class VllmEngine:
     def __init__(self, llm: Any, tokenizer: HFTokenizer, model_name: str,
                  stall_timeout: float | None = None,
                  adapters: Sequence[tuple[str, str]] = (),
-                 answer_parsing: AnswerParsing | None = None) -> None:
+                 answer_parsing: AnswerParsing | None = None,
+                 readings: SchedulerReadings | None = None) -> None:
         self.llm = llm  # vllm.v1.engine.async_llm.AsyncLLM
+        self._readings = readings or SchedulerReadings()  # its scheduler's KV-cache usage
         self.tokenizer = tokenizer
         self.answer_parsing = answer_parsing  # vLLM's reasoning and tool parsers
         self.model_name = model_name
@@ -142,10 +145,10 @@ class VllmEngine:
         return (self.stall_timeout is not None and bool(self._running)
                 and time.monotonic() - self._progress > self.stall_timeout)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         running = sum(self._running.values())
         return {"running_requests": running, "waiting_requests": len(self._running) - running,
-                **self._counters}
+                **self._counters, **self._readings.stats()}
 
     def adapter_activity(self) -> AdapterActivity | None:
         lora = self.llm.vllm_config.lora_config
@@ -199,6 +202,10 @@ class VllmEngine:
         if lora is None:
             raise AdapterError(f"no LoRA adapter {name!r} is served", missing=True)
         await self.llm.remove_lora(lora.lora_int_id)
+
+    async def release_session(self, session: str) -> None:
+        """Nothing to let go: vLLM's public API pins no prefix, and its own prefix cache keeps a
+        session's blocks while they are recently used."""
 
     def _lora(self, request: GenerationRequest) -> LoRARequest | None:
         return None if request.adapter is None else self._loras[request.adapter]

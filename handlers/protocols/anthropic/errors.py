@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from handlers.protocols.chat.errors import OpenAIError
-from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
+from handlers.protocols.errors import REFUSALS, ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.outputs import Failure
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -50,7 +50,7 @@ def generation_failed(failure: Failure | GenerationError) -> AnthropicError:
     if isinstance(failure, GenerationError):
         if failure.crashed:
             return AnthropicError("internal server error", ErrorKind.INTERNAL)
-        if failure.kind is ErrorKind.OVERLOADED:
+        if failure.kind in REFUSALS:
             return AnthropicError(failure.message, failure.kind)
     return AnthropicError(f"generation failed: {failure.message}", failure.kind)
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from handlers.protocols.adapters import UnknownAdapter, adapter_named
-from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
+from handlers.protocols.errors import REFUSALS, ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.outputs import Failure
 
 M = TypeVar("M", bound=BaseModel)
@@ -83,7 +83,7 @@ def generation_failed(failure: Failure | GenerationError) -> OpenAIError:
     if isinstance(failure, GenerationError):
         if failure.crashed:
             return OpenAIError("internal server error", kind=ErrorKind.INTERNAL)
-        if failure.kind is ErrorKind.OVERLOADED:
+        if failure.kind in REFUSALS:
             return OpenAIError(failure.message, kind=failure.kind)
     return OpenAIError(f"generation failed: {failure.message}", kind=failure.kind)
 

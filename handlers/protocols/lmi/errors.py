@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
+from handlers.protocols.errors import REFUSALS, ErrorKind, GenerationError, ProtocolError
 
 
 class LmiError(ProtocolError):
@@ -27,9 +27,9 @@ class LmiFailure(ProtocolError):
 
 
 def generation_error(error: GenerationError) -> ProtocolError:
-    """LMI's answer to a generation the driver stopped: a refusal when admission refused it
-    (the server is overloaded), else a failed generation."""
-    if error.kind is ErrorKind.OVERLOADED:
+    """LMI's answer to a generation the driver stopped: a refusal when the driver refused it
+    (the server is overloaded, an unknown session), else a failed generation."""
+    if error.kind in REFUSALS:
         return LmiError(error.message, error.kind)
     return LmiFailure(error.message, error.kind)
 

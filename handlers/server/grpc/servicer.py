@@ -103,9 +103,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _generator(self, model: str, version: str) -> tuple[Served, str | None]:
         """The generation model, and the LoRA adapter `model` names (None: the model)."""
-        generator = self.ctx.generator
+        generator = self.ctx.generation_model(model)
         adapter = kserve_v2.check_model(model, version or None, generator and generator.name,
-                                        self.ctx.adapters())
+                                        self.ctx.adapters(generator))
         assert generator is not None  # check_model refuses a server without one
         return generator, adapter
 

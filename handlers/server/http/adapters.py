@@ -108,7 +108,7 @@ async def _register(ctx: ServerContext, engine: Engine, query: dict[str, str]) -
 
 
 async def _list(ctx: ServerContext, engine: Engine, query: dict[str, str]) -> Answer:
-    return Reply(200, page(query, [_record(ctx, name) for name in engine.adapters]))
+    return Reply(200, page(query, [_record(ctx, name).described() for name in engine.adapters]))
 
 
 async def _describe(ctx: ServerContext, engine: Engine, name: str) -> Answer:

@@ -76,15 +76,16 @@ async def _read(ctx: ServerContext, request: Request, handler: BodyHandler) -> A
                            lambda body: handler(ctx, request, body))
 
 
-def _engine(ctx: ServerContext) -> Engine:
-    return ctx.text_engine(ANTHROPIC.refusal, not_a_text_model)
+def _engine(ctx: ServerContext, body: Any) -> Engine:
+    named = body.get("model") if isinstance(body, dict) else None
+    return ctx.text_engine(ANTHROPIC.refusal, not_a_text_model, named)
 
 
 async def messages_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
-        engine = _engine(ctx)
+        engine = _engine(ctx, body)
         job = await ctx.offload(prepare_messages, body, engine.tokenizer,
-                                ctx.settings.model_name, engine.adapters,
+                                ctx.name_of(engine), engine.adapters,
                                 ctx.settings.chat_format(engine))
         generation = await ctx.generation(engine, [job.gen], messages_checks(job.chat))
         watch = disconnect_watch(request)
@@ -99,9 +100,9 @@ async def messages_body(ctx: ServerContext, request: Request, body: Any) -> Answ
 
 async def count_tokens_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
-        engine = _engine(ctx)
+        engine = _engine(ctx, body)
         return Reply(200, await ctx.offload(count_tokens, body, engine.tokenizer,
-                                            ctx.settings.model_name, engine.adapters))
+                                            ctx.name_of(engine), engine.adapters))
 
     return await guarded(ANTHROPIC, answer)
 

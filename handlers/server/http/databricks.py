@@ -26,6 +26,7 @@ from handlers.server.http.openai import (
     completion_body,
     read_openai,
 )
+from handlers.server.request_ids import target_model
 
 # The task each body key asks for (protocols/databricks.py), and who answers it.
 _HANDLERS: dict[str, BodyHandler] = {
@@ -48,6 +49,8 @@ def router(ctx: ServerContext) -> APIRouter:
                 check_endpoint_task(model, key, ctx.embedding_model())
                 if model in ctx.adapters() and isinstance(body, dict):
                     body["model"] = model  # an adapter's endpoint: its requests run with it
+                elif ctx.fleet is not None and model in ctx.fleet.models:
+                    target_model(model)  # a model loaded at runtime answers its endpoint
                 return await _HANDLERS[key](ctx, request, body)
 
             return await guarded(OPENAI, task)

@@ -61,8 +61,8 @@ def _route(ctx: ServerContext, stream: bool) -> Callable[..., Any]:
 def _engine(ctx: ServerContext, model: str, version: str | None
             ) -> tuple[Engine, str | None]:
     """The engine, and the LoRA adapter `model` names (None: the model itself)."""
-    generator = ctx.generator
-    adapter = check_model(model, version, generator and generator.name, ctx.adapters())
+    generator = ctx.generation_model(model)
+    adapter = check_model(model, version, generator and generator.name, ctx.adapters(generator))
     assert generator is not None  # check_model refuses a server without one
     return generator.ready_engine(KServeError), adapter
 

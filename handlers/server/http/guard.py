@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
+from handlers.protocols.errors import REFUSALS, ErrorKind, GenerationError, ProtocolError
 from handlers.server.framing import Answer, Reply, error_reply
 from handlers.server.generation import ClientGone
 from handlers.server.http.answers import GONE
@@ -56,8 +56,11 @@ async def guarded(protocol: HttpProtocol, work: Callable[[], Awaitable[Answer]]
         log.info("client disconnected; request aborted")
         return Reply(GONE, None)
     except GenerationError as exc:
-        log.warning("generation failed: %s", exc.message,
-                    exc_info=exc.__cause__ if exc.crashed else None)
+        if exc.kind in REFUSALS:
+            log.info("%s request refused: %s", protocol.name, exc.message)
+        else:
+            log.warning("generation failed: %s", exc.message,
+                        exc_info=exc.__cause__ if exc.crashed else None)
         return error_reply(protocol.failure(exc), protocol.table)
     except RecursionError:  # a body nested deeply enough for some walk over it to give up
         log.info("%s request refused: nested too deeply", protocol.name)

@@ -4,6 +4,7 @@ Which protocol a body speaks is decided here, once (`Invocations.body`), from th
 protocols declare (`descriptor.Body`); the SageMaker runtime routes answer through it too. As
 declared today, a JSON object is, in this order:
 
+0. a stateful session's `requestType` (NEW_SESSION, CLOSE: http/sessions.py);
 1. an Anthropic Messages request when it has `messages` and says so (http/anthropic.py);
 2. an OpenAI chat completion when it has `messages`;
 3. an OpenAI Responses request when it has `input` and is meant for the generation model

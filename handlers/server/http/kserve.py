@@ -92,8 +92,7 @@ def _v1_routes(routes: APIRouter, ctx: ServerContext) -> None:
 
 
 def _served(ctx: ServerContext, model: str) -> Any:
-    return next((served for served in (ctx.generator, ctx.embedder)
-                 if served is not None and served.name == model), None)
+    return ctx.served(model)
 
 
 async def _predict(ctx: ServerContext, request: Request, model: str, body: Any) -> Answer:
@@ -147,8 +146,9 @@ def _v2_routes(routes: APIRouter, ctx: ServerContext) -> None:
 
 def _generator(ctx: ServerContext, model: str, version: str | None) -> Any:
     """The served generation model `model` names (itself or one of its adapters), or a 404."""
-    generator = ctx.generator
-    kserve_v2.check_model(model, version, generator and generator.name, ctx.adapters())
+    generator = ctx.generation_model(model)
+    kserve_v2.check_model(model, version, generator and generator.name,
+                          ctx.adapters(generator))
     return generator
 
 
@@ -184,11 +184,12 @@ def _infer_route(ctx: ServerContext) -> Callable[..., Any]:
 async def _infer(ctx: ServerContext, request: Request, model: str, version: str | None
                  ) -> Answer:
     async def answer() -> Answer:
-        engine = _generator(ctx, model, version).ready_engine(KServeError)
+        generator = _generator(ctx, model, version)
+        engine = generator.ready_engine(KServeError)
         header, binary = await _read_infer_body(request, ctx.settings.max_request_size)
         infer = kserve_v2.parse_rest_request(header, binary)
         adopt_request_id(infer.id)
-        adapter = None if model == ctx.generator.name else model  # _generator checked it
+        adapter = None if model == generator.name else model  # _generator checked it
         gens, params = kserve_v2.generation_requests(infer, adapter)
         generation = await ctx.generation(engine, gens, kserve_v2.CHECKS,
                                     kserve_v2.timeout_seconds(infer))

@@ -80,7 +80,7 @@ def _not_a_text_model(model: str) -> LmiError:
 
 async def _rolling(ctx: ServerContext, engine: Engine, request: Request, body: Any) -> Answer:
     lmi = parse_lmi_request(body)
-    gen = to_generation_request(lmi, lmi_adapters(lmi.adapters, 1, ctx.settings.model_name,
+    gen = to_generation_request(lmi, lmi_adapters(lmi.adapters, 1, ctx.name_of(engine),
                                                   engine.adapters)[0])
     settings = ctx.settings
     opts = RenderOptions.for_request(lmi, settings.tgi_compat)
@@ -98,7 +98,7 @@ async def _rolling(ctx: ServerContext, engine: Engine, request: Request, body: A
 
 async def _dynamic(ctx: ServerContext, engine: Engine, request: Request, body: Any) -> Answer:
     parsed = parse_dynamic_request(body)
-    adapters = lmi_adapters(parsed.adapters, len(parsed.inputs), ctx.settings.model_name,
+    adapters = lmi_adapters(parsed.adapters, len(parsed.inputs), ctx.name_of(engine),
                             engine.adapters, DynamicError)
     gens = to_generation_requests(parsed, adapters)
     log.info("dynamic-batch request with %d inputs", len(gens))
@@ -119,5 +119,5 @@ PROTOCOL = Protocol(bodies=(Body(
     Doc("LMI", LmiRequest | DynamicRequest,
         {JSON: LmiAnswer | list[LmiAnswer] | list[DynamicAnswer], JSONLINES: STRING,
          SSE: SSE_EVENT},
-        error_bodies(LmiErrorBody, 404, 408, 413, 424, 500, 503)),
+        error_bodies(LmiErrorBody, 400, 404, 408, 413, 424, 500, 503)),
     selector="adapters"),))

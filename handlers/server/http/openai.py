@@ -73,15 +73,16 @@ async def read_openai(ctx: ServerContext, request: Request, handler: BodyHandler
                            lambda body: handler(ctx, request, body))
 
 
-def _engine(ctx: ServerContext) -> Engine:
-    return ctx.text_engine(OPENAI.refusal, not_a_text_model)
+def _engine(ctx: ServerContext, body: Any) -> Engine:
+    named = body.get("model") if isinstance(body, dict) else None
+    return ctx.text_engine(OPENAI.refusal, not_a_text_model, named)
 
 
 async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
-        engine = _engine(ctx)
+        engine = _engine(ctx, body)
         settings = ctx.settings
-        job = await ctx.offload(prepare_chat, body, engine.tokenizer, settings.model_name,
+        job = await ctx.offload(prepare_chat, body, engine.tokenizer, ctx.name_of(engine),
                                 settings.chat_format(engine), engine.adapters)
         _warn_ignored(job.request)
         fields = checks(job.request, lambda _: "messages")
@@ -98,9 +99,9 @@ async def chat_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
 
 async def completion_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
-        engine = _engine(ctx)
+        engine = _engine(ctx, body)
         job = await ctx.offload(prepare_completion, body, engine.tokenizer,
-                                ctx.settings.model_name, engine.adapters)
+                                ctx.name_of(engine), engine.adapters)
         _warn_ignored(job.request)
         one = len(job.gens) == 1
         fields = checks(job.request, lambda i: "prompt" if one else f"prompt[{i}]")

@@ -1,7 +1,9 @@
 """Request ids over HTTP: a pure ASGI middleware (it never buffers a stream) that binds each
 request's id for the logs and returns it in `X-Request-Id` on every response, streams
 included, echoing SageMaker's `X-Amzn-SageMaker-Inference-Id` when the caller sent one. With
-traces on it keeps the caller's `traceparent`/`tracestate` beside the id, for the driver."""
+traces on it keeps the caller's `traceparent`/`tracestate` beside the id, for the driver, as it
+keeps the stateful session a request names (`X-Amzn-SageMaker-Session-Id`) and the model it
+targets (`X-Amzn-SageMaker-Target-Model`)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handlers.server.request_ids import bound, install_log_ids, new_id
+from handlers.server.sessions import SESSION_HEADER
 from handlers.server.tracing import TRACE_HEADERS
 
 SAGEMAKER_HEADER = "X-Amzn-SageMaker-Inference-Id"
+TARGET_MODEL_HEADER = "X-Amzn-SageMaker-Target-Model"  # which loaded model a request is for
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
@@ -31,6 +35,8 @@ class RequestIdMiddleware:
         headers = Headers(scope=scope)
         given = headers.get(SAGEMAKER_HEADER)
         request_id = new_id(given, headers.get(REQUEST_ID_HEADER))
+        request_id.session = headers.get(SESSION_HEADER)
+        request_id.target = headers.get(TARGET_MODEL_HEADER)
         if self.trace_headers:
             request_id.trace_headers = {name: headers[name] for name in TRACE_HEADERS
                                         if name in headers}

@@ -103,9 +103,10 @@ async def create_body(ctx: ServerContext, request: Request, body: Any) -> Answer
     store = ctx.responses
 
     async def answer() -> Answer:
-        engine = ctx.text_engine(OPENAI.refusal, not_a_text_model)
+        named = body.get("model") if isinstance(body, dict) else None
+        engine = ctx.text_engine(OPENAI.refusal, not_a_text_model, named)
         job = await ctx.offload(prepare_response, body, engine.tokenizer,
-                                ctx.settings.model_name, store.conversation, engine.adapters,
+                                ctx.name_of(engine), store.conversation, engine.adapters,
                                 ctx.settings.chat_format(engine))
         if ignored := job.request.ignored_fields:
             log.warning("ignoring unknown fields %s", ignored)
@@ -138,7 +139,8 @@ def speaks_responses(ctx: ServerContext, body: dict[str, Any], headers: Headers)
     model = adapter if adapter is not None else body.get("model")
     if model is not None and model == ctx.embedding_model():
         return False
-    return model == ctx.settings.model_name or model in ctx.adapters() \
+    loaded = ctx.fleet is not None and model in ctx.fleet.models
+    return model == ctx.settings.model_name or model in ctx.adapters() or loaded \
         or not RESPONSES_FIELDS.isdisjoint(body) or ctx.embedder is None
 
 

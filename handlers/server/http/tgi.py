@@ -109,7 +109,7 @@ async def _start(ctx: ServerContext, parsed: TgiRequest, stream: bool) -> Genera
     """TGI's validation, then the engine's and the output length; admitted and submitted."""
     engine = ctx.text_engine(TgiError, _not_a_text_model)
     tgi.validate(parsed, stream)
-    gen = tgi.generation_request(parsed, ctx.settings.model_name, engine.adapters)
+    gen = tgi.generation_request(parsed, ctx.name_of(engine), engine.adapters)
     return await ctx.generation(engine, [gen], tgi.checks(parsed))
 
 

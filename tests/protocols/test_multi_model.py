@@ -1,0 +1,158 @@
+"""SageMaker's multi-model endpoint contract, as SageMaker (and a client through boto3's
+`TargetModel`) drives it, on a server whose models are FakeEngines: models loaded by name
+answer under it on every route that names a model, are listed, described and unloaded; a name
+loaded twice is 409, a model that cannot fit is 507, an unloaded one is 404; the least recently
+used gives way at option.max_models; each has its own series in /metrics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import httpx
+import openai
+import pytest
+from botocore.config import Config
+from fakes import FakeEngine, served_app
+from server_process import serving
+
+from handlers.server.fleet import OVERHEAD, Fleet
+
+TARGET = "X-Amzn-SageMaker-Target-Model"
+
+
+class Built:
+    """What the fleet built, by name: a FakeEngine each."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, FakeEngine] = {}
+
+    def __call__(self, name: str, path: Path) -> FakeEngine:
+        assert (path / "model.safetensors").is_file()
+        self.engines[name] = FakeEngine(model_name=name)
+        return self.engines[name]
+
+
+def model_dir(root: Path, name: str, size: int = 1000) -> Path:
+    folder = root / name / "model"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"\0" * size)
+    return folder
+
+
+@pytest.fixture
+def served(tmp_path) -> Iterator[tuple[str, Built, Path]]:
+    built = Built()
+    fleet = Fleet(built, max_models=2)
+    with serving(served_app(FakeEngine(), fleet=fleet, model_roots=(tmp_path,))) as url:
+        yield url, built, tmp_path
+
+
+def load(url: str, name: str, path: Path | str) -> httpx.Response:
+    return httpx.post(f"{url}/models", json={"model_name": name, "url": str(path)}, timeout=60)
+
+
+def test_each_model_answers_under_its_own_name_on_every_route(served):
+    url, built, root = served
+    for name in ("alpha", "beta"):
+        assert load(url, name, model_dir(root, name)).status_code == 200
+    listed = httpx.get(f"{url}/models").json()
+    assert listed == {"models": [
+        {"modelName": "alpha", "modelUrl": str(root / "alpha" / "model"), "ready": True},
+        {"modelName": "beta", "modelUrl": str(root / "beta" / "model"), "ready": True}]}
+    assert httpx.get(f"{url}/models/beta").json()["modelName"] == "beta"
+
+    invoked = httpx.post(f"{url}/models/alpha/invoke", json={"inputs": "a b"})
+    assert invoked.status_code == 200 and len(built.engines["alpha"].requests) == 1
+    targeted = httpx.post(f"{url}/invocations", json={"inputs": "a"}, headers={TARGET: "beta"})
+    assert targeted.status_code == 200 and len(built.engines["beta"].requests) == 1
+    runtime = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
+                           aws_access_key_id="x", aws_secret_access_key="x",
+                           config=Config(retries={"max_attempts": 1}))
+    runtime.invoke_endpoint(EndpointName="mme", TargetModel="alpha",
+                            Body=json.dumps({"inputs": "a"}), ContentType="application/json")
+    assert len(built.engines["alpha"].requests) == 2
+    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    answer = chat.chat.completions.create(model="beta", messages=[{"role": "user",
+                                                                   "content": "a"}])
+    assert answer.model == "beta" and len(built.engines["beta"].requests) == 2
+    infer = httpx.post(f"{url}/v2/models/alpha/infer", json={"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a"]}]})
+    assert infer.json()["model_name"] == "alpha" and len(built.engines["alpha"].requests) == 3
+    databricks = httpx.post(f"{url}/serving-endpoints/beta/invocations", json={
+        "messages": [{"role": "user", "content": "a"}]})
+    assert databricks.status_code == 200 and len(built.engines["beta"].requests) == 3
+    names = [card["id"] for card in httpx.get(f"{url}/v1/models").json()["data"]]
+    assert {"fake-model", "alpha", "beta"} <= set(names)
+    assert httpx.post(f"{url}/invocations", json={"inputs": "a"}).status_code == 200  # its own
+
+
+def test_loading_twice_or_what_cannot_fit_is_refused_and_unloaded_is_404(served):
+    url, built, root = served
+    assert load(url, "alpha", model_dir(root, "alpha")).status_code == 200
+    again = load(url, "alpha", root / "alpha" / "model")
+    assert again.status_code == 409 and "already loaded" in again.json()["message"]
+    assert load(url, "fake-model", root / "alpha" / "model").status_code == 409
+    huge = model_dir(root, "huge", size=1)
+    with open(huge / "model.safetensors", "r+b") as weights:  # sparse: no disk, no memory
+        weights.truncate(1 << 40)  # 1 TiB
+    refused = load(url, "huge", huge)
+    assert refused.status_code == 507 and "huge" in refused.json()["message"]
+    assert "huge" not in built.engines and httpx.get(f"{url}/models/alpha").status_code == 200
+    assert httpx.delete(f"{url}/models/alpha").status_code == 200
+    assert not built.engines["alpha"].ready  # its engine was shut down
+    for gone in (httpx.post(f"{url}/models/alpha/invoke", json={"inputs": "a"}),
+                 httpx.post(f"{url}/invocations", json={"inputs": "a"},
+                            headers={TARGET: "alpha"}),
+                 httpx.get(f"{url}/models/alpha"), httpx.delete(f"{url}/models/alpha")):
+        assert gone.status_code == 404
+    assert httpx.get(f"{url}/models").json() == {"models": []}
+
+
+def test_a_model_outside_the_allowed_roots_is_never_read(served, tmp_path_factory):
+    url, built, _ = served
+    elsewhere = model_dir(tmp_path_factory.mktemp("elsewhere"), "x")
+    for source in (elsewhere, "/etc", "../../etc"):
+        refused = load(url, "x", source)
+        assert refused.status_code == 400 and "outside" in refused.json()["message"]
+    assert load(url, "bad/name", elsewhere).status_code == 400
+    assert httpx.post(f"{url}/models", json={"model_name": "x"}).status_code == 400
+    assert not built.engines
+
+
+def test_the_least_recently_used_gives_way_at_max_models(served):
+    url, built, root = served
+    for name in ("alpha", "beta"):
+        load(url, name, model_dir(root, name))
+    httpx.post(f"{url}/models/alpha/invoke", json={"inputs": "a"})  # beta: least recent
+    assert load(url, "gamma", model_dir(root, "gamma")).status_code == 200
+    assert [m["modelName"] for m in httpx.get(f"{url}/models").json()["models"]] == \
+        ["alpha", "gamma"]
+
+
+def test_metrics_are_labelled_by_model_and_go_with_it(served):
+    url, built, root = served
+    load(url, "alpha", model_dir(root, "alpha"))
+    httpx.post(f"{url}/models/alpha/invoke", json={"inputs": "a"})
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'lmi_finished_requests_total{model="alpha"} 1.0' in metrics
+    assert 'vllm:e2e_request_latency_seconds_count{engine="0",model_name="alpha"} 1.0' in metrics
+    assert 'vllm:num_requests_running{engine="0",model_name="fake-model"}' in metrics
+    httpx.delete(f"{url}/models/alpha")
+    assert 'model="alpha"' not in httpx.get(f"{url}/metrics").text
+
+
+def test_memory_is_estimated_from_the_weight_files(tmp_path):
+    folder = model_dir(tmp_path, "m", size=4000)
+    (folder / "tokenizer.json").write_bytes(b"\0" * 10_000)  # not weights
+    from handlers.server.fleet import weights_bytes
+    assert weights_bytes(folder) == int(4000 * OVERHEAD)
+
+
+def test_a_load_body_over_the_size_limit_is_refused(tmp_path):
+    with serving(served_app(FakeEngine(), fleet=Fleet(Built()), max_request_size=100,
+                            model_roots=(tmp_path,))) as url:
+        refused = httpx.post(f"{url}/models", json={"model_name": "m", "url": "x" * 200})
+    assert refused.status_code == 413 and "larger than the limit" in refused.json()["message"]
