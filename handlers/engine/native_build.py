@@ -2,9 +2,10 @@
 $LMI_CACHE_DIR/kernels keyed by the source, the compiler, torch and the CPU (-march=native).
 
 An image builds them ahead for the x86-64 levels instead (`python -m
-handlers.engine.native_build`, -march=x86-64-v3 and v4), as its build machine's CPU is not the
-one it will run on: a server that finds no build for its own CPU loads the best prebuilt level
-its CPU runs, so a container starts without compiling (about 15 s on 2 cores).
+handlers.engine.native_build`, -march=x86-64-v3, x86-64-v4 and cascadelake: v4 with VNNI), as
+its build machine's CPU is not the one it will run on: a server that finds no build for its own
+CPU loads the best prebuilt level its CPU runs, so a container starts without compiling (about
+15 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from handlers.model_fetch import default_cache_dir
 log = logging.getLogger(__name__)
 
 # The x86-64 levels prebuilt, best first, with the CPU flags each needs (beyond the lower ones').
+# cascadelake is x86-64-v4 with AVX-512 VNNI (the quantized linears' int8 dot products), which
+# every CPU since Cascade Lake and Zen 4 runs.
 LEVELS = {
+    "cascadelake": {"avx512_vnni"},
     "x86-64-v4": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
     "x86-64-v3": {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"},
 }

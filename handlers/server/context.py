@@ -216,13 +216,13 @@ class ServerContext:
         """Validate (in a worker: tokenizing, grammars), admit and submit a client request's
         engine requests, under the server's deadline (option.predict_timeout) or the request's
         own `timeout`, whichever is sooner."""
-        trace = self._trace(requests)
+        served = self._served_by(engine)
+        trace = self._trace(requests, served.name or self.settings.model_name)
         try:
             requests = await self._in_session(requests)
             requests = await self.offload(validated, engine, requests, checks)
             server = self.settings.predict_timeout
             own = timeout is not None and (server is None or timeout < server)
-            served = self._served_by(engine)
             generation = Generation(engine, requests, self.admission,
                                     timeout if own else server, served.failures.record,
                                     observer=self.telemetry.observer(requests, trace,
@@ -260,13 +260,12 @@ class ServerContext:
             served += [model.served for model in self.fleet.models.values()]
         return [s.engine for s in served if s.engine is not None]
 
-    def _trace(self, requests: list[GenerationRequest]) -> RequestTrace | None:
+    def _trace(self, requests: list[GenerationRequest], model: str) -> RequestTrace | None:
         """The request's trace, when traces are on; its log lines carry the trace id."""
         if self.tracing is None:
             return None
         request_id = current_request_id() or new_id()
-        trace = self.tracing.begin(request_id.trace_headers, self.settings.model_name,
-                                   request_id.value,
+        trace = self.tracing.begin(request_id.trace_headers, model, request_id.value,
                                    min(request.arrival_time for request in requests))
         request_id.trace_id = trace.trace_id
         return trace

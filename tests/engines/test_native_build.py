@@ -46,6 +46,8 @@ def test_the_levels_a_cpu_runs(monkeypatch):
     for flags, expected in ((avx2, ["x86-64-v3"]),
                             (avx2 + " avx512f avx512bw avx512cd avx512dq avx512vl",
                              ["x86-64-v4", "x86-64-v3"]),
+                            (avx2 + " avx512f avx512bw avx512cd avx512dq avx512vl avx512_vnni",
+                             ["cascadelake", "x86-64-v4", "x86-64-v3"]),
                             ("sse4_2 avx512f avx512bw avx512cd avx512dq avx512vl", []),
                             ("", [])):
         monkeypatch.setattr(native_build, "cpu_flags", lambda flags=flags: flags)

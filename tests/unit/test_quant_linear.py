@@ -138,12 +138,13 @@ _OTHER_BUILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
-def test_avx2_and_plain_cpp_builds_give_the_same_bits(march, tmp_path):
-    """The AVX2 (x86-64-v3) and plain C++ (x86-64) builds against this CPU's own: integer sums
-    are exact and the float steps the same, so the bits are too."""
-    if march == "x86-64-v3" and march not in native_build.runnable_levels():
-        pytest.skip("this CPU has no AVX2")
+@pytest.mark.parametrize("march", ["cascadelake", "x86-64-v3", "x86-64"])
+def test_vnni_avx2_and_plain_cpp_builds_give_the_same_bits(march, tmp_path):
+    """The image's prebuilt VNNI (cascadelake) and AVX2 (x86-64-v3) builds and plain C++
+    (x86-64) against this CPU's own: integer sums are exact and the float steps the same, so
+    the bits are too."""
+    if march != "x86-64" and march not in native_build.runnable_levels():
+        pytest.skip(f"this CPU does not run {march}")
     compiler, _ = native_build._compiler()
     library = tmp_path / "libquant_linear.so"
     subprocess.run([compiler, str(quant_linear.SOURCE), "-o", str(library),
