@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 import test_torch_engine
+import torch
 from engine_requests import run
 from tiny_model import make_tiny_model_dir
 
@@ -81,6 +82,27 @@ async def test_the_default_serves_the_gguf_blocks_and_a_greedy_answer_ignores_it
         assert together[:8] == alone
     finally:
         await engine.shutdown()
+
+
+@pytest.mark.parametrize("serves", ["float32", "bfloat16"])
+def test_auto_measures_the_cpus_float_dtype_once(monkeypatch, serves):
+    """A GGUF under option.quantize=auto and option.dtype=auto: the quantization probe measures
+    which float dtype this CPU serves in, and the loader takes its answer rather than measuring
+    again; where the blocks lose to it, the model is served in that dtype."""
+    from handlers.engine.torch import loader, quantization
+
+    probed = getattr(torch, serves)
+    measured = []
+    monkeypatch.setattr(quantization, "choose_cpu_dtype",
+                        lambda: measured.append(1) or (probed, "measured"))
+    monkeypatch.setattr(loader, "choose_cpu_dtype", lambda: pytest.fail("measured twice"))
+    monkeypatch.setattr(quantization, "best_seconds", lambda call, repeats: (call(), 1.0)[1])
+    loaded = load_model(default_model_path())  # a tie: the blocks win, and serve float32 in
+    assert (loaded.quantize_mode, loaded.dtype, measured) == ("gguf", torch.float32, [1])
+    speeds = iter([2.0, 1.0] * 2)  # the kernel twice as slow as the float matmul: none
+    monkeypatch.setattr(quantization, "best_seconds", lambda call, repeats: next(speeds))
+    loaded = load_model(default_model_path())
+    assert (loaded.quantize_mode, loaded.dtype, measured) == ("none", probed, [1, 1])
 
 
 @pytest.mark.slow

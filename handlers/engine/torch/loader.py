@@ -101,6 +101,9 @@ def load_model(
     plan = quantization.plan(quantize, source, target)
     if plan.mode != "none" and dtype.lower() == "auto":
         dtype = "fp32"  # the quantized linears take float32 in; the rest follows
+    elif plan.float_dtype is not None and dtype.lower() == "auto":
+        dtype = "bf16" if plan.float_dtype == torch.bfloat16 else "fp32"  # measured already
+        logger.info("option.dtype=auto: %s, as the quantization probe measured", dtype)
     logger.info("option.quantize=%s: %s (%s)", quantize or "auto", plan.mode, plan.why)
     model, tokenizer, origin = _load_weights(source, dtype, target, trust_remote_code, cache_dir)
     quantized = "none"

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 class Plan:
     mode: str  # none | int8 | int4 | gguf
     why: str  # for the log
+    # The float dtype the probe measured this CPU serving in (None: no probe ran), so that
+    # option.dtype=auto is not measured a second time.
+    float_dtype: torch.dtype | None = None
 
 
 def check_mode(value: str | None) -> str:
@@ -106,9 +109,9 @@ def _probe() -> Plan:
     cpu = torch.backends.cpu.get_cpu_capability()
     if speedups[0] * speedups[1] >= 1:
         return Plan("gguf", f"the GGUF's blocks: the kernel runs {measured} {name}'s speed "
-                            f"here ({cpu})")
+                            f"here ({cpu})", dtype)
     return Plan("none", f"dequantized to {name}: the kernel runs {measured} {name}'s speed "
-                        f"here ({cpu})")
+                        f"here ({cpu})", dtype)
 
 
 def quantize_model(model: nn.Module, mode: str, source: Path,
