@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from handlers.config import SETTINGS, Config, ConfigError, load_config, parse_args
+from handlers.config.sources import DEFAULT
 from handlers.engine import registry
 
 # DJL's front end itself applies these (it found this entry point, times loading and each call).
@@ -21,8 +22,7 @@ _OPTIONS = {s.key for s in SETTINGS if s.key.startswith("option.")} - _DJL_OWN
 # What only lmi-serve's own routes read: the DJL entry answers LMI's schema alone.
 _SERVER_ONLY = ("full_text_enabled", "chat_template", "embedding_model_id", "api_key",
                 "reasoning_parser", "tool_call_parser", "enable_auto_tool_choice",
-                "otlp_traces_endpoint", "enable_stateful_sessions",
-                "sessions_expiration", "max_sessions", "max_models")
+                "otlp_traces_endpoint", "sessions_expiration", "max_sessions", "max_models")
 
 
 def is_rolling(properties: Mapping[str, Any]) -> bool:
@@ -70,7 +70,12 @@ def _device(device_id: Any) -> str | None:
 
 
 def check_djl_effects(config: Config) -> None:
-    """Refuse the settings only lmi-serve's own routes would read."""
+    """Refuse the settings only lmi-serve's own routes would read (stateful sessions too: the
+    DJL entry keeps none, so asking for them is refused and turning them off is accepted)."""
+    if config.enable_stateful_sessions and \
+            config.sources["enable_stateful_sessions"] != DEFAULT:
+        raise ConfigError("option.enable_stateful_sessions=true would have no effect: the DJL "
+                          "entry keeps no sessions (lmi-serve's own server does); unset it")
     for setting in SETTINGS:
         if setting.field in _SERVER_ONLY and config.is_set(setting):
             value = "<set>" if setting.field == "api_key" else getattr(config, setting.field)

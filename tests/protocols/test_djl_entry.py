@@ -29,6 +29,7 @@ from peft_adapters import ATTENTION, make_adapter  # noqa: E402
 
 import handlers.djl as entry  # noqa: E402
 from handlers.config import ConfigError  # noqa: E402
+from handlers.djl.settings import check_djl_effects, config_from_properties  # noqa: E402
 from handlers.engine.loop.direct import DirectStepper  # noqa: E402
 from handlers.engine.torch.engine import TorchEngine  # noqa: E402
 from handlers.engine.torch.loader import load_model  # noqa: E402
@@ -96,6 +97,23 @@ def test_an_embedding_model_is_refused_with_a_config_error():
     with pytest.raises(ConfigError, match="text-embedding"):
         entry.handle(init)
     assert not entry._service.initialized
+
+
+@pytest.mark.parametrize(("key", "value"), [("enable_stateful_sessions", "true"),
+                                            ("sessions_expiration", "60"),
+                                            ("otlp_traces_endpoint", "http://collector:4317"),
+                                            ("max_models", "2")])
+def test_what_only_lmi_serves_own_server_does_is_refused(tiny_dir, key, value):
+    """Sessions, traces and models loaded at runtime are lmi-serve's server's: asked of the
+    DJL entry, they stop its start, naming the key (turning sessions off is accepted)."""
+    init = Input()
+    init.properties = {"model_id": str(tiny_dir), "rolling_batch": "torch", key: value}
+    entry._service.initialized = False
+    with pytest.raises(ConfigError, match=f"option.{key}"):
+        entry.handle(init)
+    assert not entry._service.initialized
+    check_djl_effects(config_from_properties({"model_id": str(tiny_dir),
+                                              "enable_stateful_sessions": "false"}))
 
 
 # -- rolling batch, against DJL's own LMI handler ------------------------------------------------
