@@ -29,6 +29,7 @@ import requests
 import tritonclient.grpc as triton_grpc
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
+from otlp_receiver import grpc_receiver
 from server_process import InvocationStream, free_port
 
 IMAGE = os.environ.get("LMI_TEST_IMAGE", "")
@@ -170,10 +171,14 @@ def test_it_runs_as_a_user_on_a_read_only_root_and_logs_to_stdout(served):
 
 
 def readable(folder) -> None:
-    """A folder the container's user reads, as a model folder SageMaker mounts is."""
+    """A folder the container's user reads, as a model folder SageMaker mounts is (its
+    folders entered, its files read, at any depth)."""
     os.chmod(folder, 0o755)
     for path in folder.iterdir():
-        os.chmod(path, 0o644)
+        if path.is_dir():
+            readable(path)
+        else:
+            os.chmod(path, 0o644)
 
 
 def test_a_mounted_serving_properties_alone_serves_the_embedded_default(tmp_path):
@@ -204,6 +209,34 @@ def test_a_mounted_model_folder_is_served(tiny_dir, tmp_path):
         assert models[0]["id"] != MODEL
     finally:
         running.engine("rm", "-f")
+
+
+def test_a_model_loaded_at_runtime_answers_and_is_traced(tiny_dir, tmp_path):
+    """SageMaker's multi-model layout mounted at /opt/ml/models: POST /models loads a model,
+    /models/{name}/invoke answers from it, and a local OTLP receiver (the standard
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) gets its span in the caller's trace, under its name."""
+    models = tmp_path / "models"
+    shutil.copytree(tiny_dir, models / "alpha" / "model")
+    readable(models)
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    with grpc_receiver() as receiver:
+        running = start("lmi-test-fleet", "--volume", f"{models}:/opt/ml/models:ro", env={
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "50"})
+        try:
+            loaded = requests.post(f"{running.url}/models", timeout=300, json={
+                "model_name": "alpha", "url": "/opt/ml/models/alpha/model"})
+            assert loaded.status_code == 200, loaded.text
+            answer = requests.post(f"{running.url}/models/alpha/invoke", timeout=120, json={
+                "inputs": "Hello", "parameters": {"max_new_tokens": 3, "details": True}},
+                headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"})
+            assert answer.status_code == 200, answer.text
+            root = receiver.trace(trace_id, 4)["llm_request"]
+        finally:
+            running.engine("rm", "-f")
+    assert root.attributes["gen_ai.response.model"] == "alpha"
+    assert root.attributes["gen_ai.usage.completion_tokens"] == \
+        answer.json()["details"]["generated_tokens"]
 
 
 def test_an_s3_model_id_is_fetched_at_startup(tiny_dir):
