@@ -68,6 +68,13 @@ def test_defaults_leave_vllm_its_own_except_the_batch_size(tmp_path):
     assert not {"max_num_batched_tokens", "tensor_parallel_size", "enforce_eager"} & set(got)
 
 
+def test_quantize_none_asks_vllm_for_no_quantization(tmp_path):
+    """option.quantize=none (the torch engine's float linears) means vLLM's own default: no
+    `quantization` argument, which vLLM would refuse as an unknown method."""
+    assert "quantization" not in kwargs(tmp_path, "option.quantize=none")
+    assert kwargs(tmp_path, "option.quantize=fp8")["quantization"] == "fp8"
+
+
 def test_tensor_parallel_max_is_every_gpu(tmp_path):
     assert kwargs(tmp_path, "option.tensor_parallel_degree=max", gpus=4)[
         "tensor_parallel_size"] == 4

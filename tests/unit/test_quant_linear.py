@@ -80,8 +80,13 @@ def test_packing_round_trips_and_fused_layers_concatenate_outputs():
     x = torch.randn(5, 64)
     expected = torch.cat([QuantLinear(p)(x) for p in parts], dim=-1)
     assert torch.equal(fused(x), expected)
+    assert torch.equal(fused.unpacked().values, joined(parts).values)  # joined as packed
     mixed = joined([parts[0], from_float(torch.randn(16, 64), 8)])
     assert mixed.bits == 8 and torch.equal(unpack(*pack(mixed), 8).values, mixed.values)
+    eight = QuantLinear(from_float(torch.randn(16, 64), 8))
+    both = QuantLinear.fused([QuantLinear(parts[0]), eight])
+    assert both.bits == 8 and torch.equal(both(x), torch.cat([QuantLinear(parts[0])(x),
+                                                              eight(x)], dim=-1))
 
 
 def test_shapes_the_kernel_cannot_take_are_refused():

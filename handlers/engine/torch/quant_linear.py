@@ -37,9 +37,22 @@ class QuantLinear(nn.Module):
 
     def __init__(self, blocks: QuantizedWeight) -> None:
         super().__init__()
-        self.out_features, self.in_features = blocks.shape
-        self.bits = blocks.bits
-        weights, scales, mins = pack(blocks)
+        self._hold(*pack(blocks), blocks.bits)
+
+    @classmethod
+    def packed(cls, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+               bits: int) -> QuantLinear:
+        """A layer over buffers in the kernel's layout already."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._hold(weights, scales, mins, bits)
+        return layer
+
+    def _hold(self, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+              bits: int) -> None:
+        tiles, groups, _ = weights.shape
+        self.out_features, self.in_features = tiles * TILE, groups * GROUP
+        self.bits = bits
         self.weights = nn.Buffer(weights)
         self.scales = nn.Buffer(scales)
         self.mins = nn.Buffer(mins)
@@ -56,8 +69,13 @@ class QuantLinear(nn.Module):
 
     @staticmethod
     def fused(parts: list[QuantLinear]) -> QuantLinear:
-        """One layer computing `parts`' outputs one after another (they read one input)."""
-        return QuantLinear(joined([part.unpacked() for part in parts]))
+        """One layer computing `parts`' outputs one after another (they read one input): the
+        packed buffers joined tile after tile as they are, where every part has the same width
+        (4-bit parts beside 8-bit ones join as 8-bit values, repacked)."""
+        if len({part.bits for part in parts}) > 1:
+            return QuantLinear(joined([part.unpacked() for part in parts]))
+        return QuantLinear.packed(*(torch.cat([getattr(part, name) for part in parts])
+                                    for name in ("weights", "scales", "mins")), parts[0].bits)
 
     def unpacked(self) -> QuantizedWeight:
         """The blocks this layer was packed from."""

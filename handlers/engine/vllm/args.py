@@ -154,9 +154,10 @@ def _kinds(annotation: Any) -> set[Any]:
 
 def _given(config: Config, field: str) -> bool:
     """Whether the LMI setting asks for other than its default (`max` parallelism is the
-    GPU count, set separately)."""
+    GPU count, set separately; option.quantize=none is vLLM's own default, no quantization)."""
     return config.is_set(_BY_FIELD[field]) and not (
-        field == "tensor_parallel_degree" and config.tensor_parallel_degree == "max")
+        field == "tensor_parallel_degree" and config.tensor_parallel_degree == "max") and not (
+        field == "quantize" and str(config.quantize).lower() == "none")
 
 
 def _field_of(key: str) -> str:
