@@ -168,13 +168,10 @@ class ServerContext:
         served = self.served(target) if target is not None else None
         if target is not None and (served is None or served is self.embedder):
             raise refuse(f"model {target!r} is not loaded", ErrorKind.NOT_FOUND)
-        if served is None and isinstance(named, str) and self.fleet is not None:
-            model = self.fleet.get(named)
-            served = model.served if model is not None else None
         if served is None:
-            if self.generator is None:
-                raise not_served(self.settings.model_name)
-            served = self.generator
+            served = self.generation_model(named) if isinstance(named, str) else self.generator
+        if served is None:
+            raise not_served(self.settings.model_name)
         return served.ready_engine(refuse)
 
     def load_models_with(self, fleet: Fleet) -> None:

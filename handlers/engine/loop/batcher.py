@@ -502,11 +502,11 @@ class ContinuousBatcher:
     def _pin_session(self, seq: Sequence) -> None:
         """A session's answer ended: pin its conversation so far (every token whose keys and
         values the slot holds) for the session's next turn."""
-        session = self._state_of(seq).request.session
-        if self.prefix is not None and session is not None and seq.index == 0 and \
+        request = self._state_of(seq).request
+        if self.prefix is not None and request.session is not None and seq.index == 0 and \
                 seq.finish_reason not in (FinishReason.ABORT, FinishReason.ERROR):
-            self.prefix.pin(session, seq.token_ids[:seq.cached], seq.slot,
-                            self._state_of(seq).request.adapter)
+            self.prefix.pin(request.session, seq.token_ids[:seq.cached], seq.slot,
+                            request.adapter)
 
     def _release_finished(self) -> None:
         """Free the slots of finished sequences, keeping running ones in slots 0..B-1."""
