@@ -68,19 +68,21 @@ def test_each_model_answers_under_its_own_name_on_every_route(served):
     assert invoked.status_code == 200 and len(built.engines["alpha"].requests) == 1
     targeted = httpx.post(f"{url}/invocations", json={"inputs": "a"}, headers={TARGET: "beta"})
     assert targeted.status_code == 200 and len(built.engines["beta"].requests) == 1
+    predicted = httpx.post(f"{url}/predictions/alpha", json={"inputs": "a"})
+    assert predicted.status_code == 200 and len(built.engines["alpha"].requests) == 2
     runtime = boto3.client("sagemaker-runtime", endpoint_url=url, region_name="us-east-1",
                            aws_access_key_id="x", aws_secret_access_key="x",
                            config=Config(retries={"max_attempts": 1}))
     runtime.invoke_endpoint(EndpointName="mme", TargetModel="alpha",
                             Body=json.dumps({"inputs": "a"}), ContentType="application/json")
-    assert len(built.engines["alpha"].requests) == 2
+    assert len(built.engines["alpha"].requests) == 3
     chat = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     answer = chat.chat.completions.create(model="beta", messages=[{"role": "user",
                                                                    "content": "a"}])
     assert answer.model == "beta" and len(built.engines["beta"].requests) == 2
     infer = httpx.post(f"{url}/v2/models/alpha/infer", json={"inputs": [
         {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a"]}]})
-    assert infer.json()["model_name"] == "alpha" and len(built.engines["alpha"].requests) == 3
+    assert infer.json()["model_name"] == "alpha" and len(built.engines["alpha"].requests) == 4
     databricks = httpx.post(f"{url}/serving-endpoints/beta/invocations", json={
         "messages": [{"role": "user", "content": "a"}]})
     assert databricks.status_code == 200 and len(built.engines["beta"].requests) == 3

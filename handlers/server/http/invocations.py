@@ -45,6 +45,7 @@ from handlers.server.http.descriptor import (
 )
 from handlers.server.http.guard import read_then
 from handlers.server.http.lmi import LMI
+from handlers.server.request_ids import target_model
 
 
 class Invocations:
@@ -114,7 +115,9 @@ def _router(ctx: ServerContext, entry: Invocations) -> APIRouter:
     @routes.post("/predictions/{model}")
     async def predictions(model: str, request: Request) -> Response:
         served = ctx.settings.model_name
-        if model != served:
+        if ctx.fleet is not None and model in ctx.fleet.models:
+            target_model(model)  # a model loaded at runtime answers under its name
+        elif model != served:
             message = f"model '{model}' not found; this server serves '{served}'"
             return to_response(LMI.error(message, ErrorKind.NOT_FOUND))
         return to_response(await entry.invoke(ctx, request))
