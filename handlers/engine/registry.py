@@ -20,6 +20,7 @@ from handlers.config import SETTINGS, Config, ConfigError, Setting
 from handlers.config.keys import unknown_key
 from handlers.engine.base import Embedder, EngineBuild
 from handlers.engine.dynamic_batch import DynamicBatcher
+from handlers.engine.machine import settle_vector_math
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,8 @@ def loader(config: Config) -> Callable[[], EngineBuild]:
     module = importlib.import_module(entry.module)
 
     def load() -> EngineBuild:
+        if entry.name != "vllm":  # vLLM computes in processes of its own
+            settle_vector_math()
         built: EngineBuild = module.build(config)
         if not config.dynamic_batching:
             return built
@@ -156,6 +159,7 @@ def build_embedder(config: Config, files: Path | None = None) -> Embedder:
     """The embedding engine, its model (from `files`, where located already) loaded and
     started."""
     module = importlib.import_module(EMBEDDING.module)
+    settle_vector_math()
     return module.build(config, files)
 
 
