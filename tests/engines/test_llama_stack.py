@@ -24,7 +24,7 @@ def _masked(positions: torch.Tensor) -> torch.Tensor:
 def test_the_loop_matches_the_models_own_forward(tmp_path, dtype):
     model = AutoModelForCausalLM.from_pretrained(make_tiny_model_dir(tmp_path), dtype=dtype)
     runner = ModelRunner(model, num_slots=3, max_len=64)
-    stack = LlamaStack.of(model)
+    stack = LlamaStack.of(model, 64)
     assert stack is not None
     prompt = torch.randint(0, model.config.vocab_size, (3, 11))
     positions = torch.arange(11).repeat(3, 1)
@@ -53,4 +53,4 @@ def _decoder_forward(model):
 
 
 def test_other_architectures_keep_their_own_forward():
-    assert LlamaStack.of(torch.nn.Linear(2, 2)) is None
+    assert LlamaStack.of(torch.nn.Linear(2, 2), 64) is None

@@ -141,8 +141,9 @@ def test_a_quantized_servers_first_burst_is_every_later_ones(tmp_path):
     """The default's GGUF blocks, a fresh server, 32 greedy requests at once and again twice:
     each token's logprob (the first one's from the first prefill) the same bits every time.
     MKL's vector math, first used by that prefill from two threads at once, had rotated half its
-    rows with an inaccurate cos in about half the starts (machine.settle_vector_math); an eager
-    step, as a compiled one is not the eager one's bits on quantized linears."""
+    rows with an inaccurate cos in about half the starts (machine.settle_vector_math). Eager
+    steps: no graph compiles beside the other tests (test_decode_graphs.py checks that a
+    compiled step gives the eager one's bits)."""
     body = {"max_tokens": 8, "temperature": 0, "logprobs": 1}
     with running_server("option.quantize=gguf", "option.enforce_eager=true",
                         "option.embedding_model_id=none",

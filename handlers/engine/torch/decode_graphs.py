@@ -38,9 +38,14 @@ import torch
 from torch import nn
 
 from handlers.engine.machine import cpu_flags
-from handlers.engine.torch import decode_step, graph_constants, graph_runner
+from handlers.engine.torch import (
+    decode_step,
+    graph_constants,
+    graph_runner,
+    invariant_attention,
+    row_norm,
+)
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
-from handlers.engine.torch.invariant_attention import available
 from handlers.engine.torch.llama_model import is_llama
 from handlers.engine.torch.loader import LoadedModel
 from handlers.model_fetch import default_cache_dir
@@ -53,7 +58,7 @@ MEMORY_FACTOR = 6
 _EXIT_GRACE_S = 60  # how long a compile that left every graph may take to exit
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
          "invariant_attention.py", "fused_projections.py", "graph_constants.py",
-         "quant_linear.py", "quant_linear.cpp")
+         "quant_linear.py", "quant_linear.cpp", "row_norm.py", "row_norm.cpp")
 Graph = Callable[..., torch.Tensor]
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -112,7 +117,10 @@ class DecodeGraphs:
 
     def _run(self) -> None:
         try:
-            available()  # the attention op the graphs call, registered before they load
+            # The ops the graphs call (quantized linears load with the model), registered
+            # before the graphs load.
+            invariant_attention.available()
+            row_norm.available()
             pending = [spec for spec in self._specs if not self._load_cached(spec)]
             if pending:
                 self._compile(pending)

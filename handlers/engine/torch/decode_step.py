@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from handlers.engine.machine import settle_vector_math
 from handlers.engine.torch import graph_constants
 from handlers.engine.torch.attention import cpu_cache_dtype
 from handlers.engine.torch.fused_projections import fuse_projections
@@ -91,10 +92,10 @@ class _CacheViews:
 class DecodeStep(nn.Module):
     """ModelRunner.decode's forward pass over slots 0..B-1: float32 logits [B, V]."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, positions: int) -> None:
         super().__init__()
         self.model = model  # registers the weights the stack reads
-        self.stack = LlamaStack.of(model)
+        self.stack = LlamaStack.of(model, positions)
         if self.stack is None:
             raise ValueError("not a Llama with fused projections")
 
@@ -137,12 +138,13 @@ def compile_graphs(job: dict) -> None:
                   and not (directory / f"{s.name}.pt2").exists()]
         if not wanted:
             return
+        settle_vector_math()  # before the rotary table's cos (machine.py says why)
         loaded = load_model(Path(job["source"]), dtype=job["dtype"], device="cpu",
                             max_model_len=job["max_model_len"], quantize=job["quantize"])
         fuse_projections(loaded.model)
         if job["dtype"] == "bf16":
             use_onednn_linears(loaded.model, loaded.dtype)
-        step = DecodeStep(loaded.model).eval()
+        step = DecodeStep(loaded.model, job["max_len"]).eval()
         config = loaded.model.config
         heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
         layers = (config.num_hidden_layers, heads, step.stack.head_dim)

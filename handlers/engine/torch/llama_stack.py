@@ -17,10 +17,12 @@ import torch
 from torch import nn
 from torch.nn.functional import rms_norm
 
+from handlers.engine.torch import row_norm
 from handlers.engine.torch.attention import slot_cache_attention
 from handlers.engine.torch.fused_projections import ProjectionPart
 from handlers.engine.torch.kv_cache import SlotKVCache
 from handlers.engine.torch.llama_model import is_llama, rotate_half
+from handlers.engine.torch.quant_linear import QuantLinear
 
 
 @dataclass
@@ -46,25 +48,29 @@ class _Layer:
 
 
 class LlamaStack:
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, positions: int) -> None:
         decoder = model.model
         self.embed = decoder.embed_tokens
-        self.rotary = decoder.rotary_emb
         self.norm = decoder.norm
         attention = decoder.layers[0].self_attn
         self.head_dim, self.scaling = attention.head_dim, attention.scaling
         self.layers = [_Layer.of(layer, self.head_dim)
                        for layer in decoder.layers[: model.config.num_hidden_layers]]
+        self.rotary = _RotaryTable.of(decoder.rotary_emb, positions, model.dtype, model.device)
+        # Over quantized linears an eager and a compiled pass must round alike (row_norm.py).
+        self.exact_norms = any(isinstance(m, QuantLinear) for m in model.modules()) \
+            and model.dtype == torch.float32 and row_norm.available()
 
     @staticmethod
-    def of(model: nn.Module) -> LlamaStack | None:
-        """The stack for `model` when it is a Llama whose projections were fused, else None."""
+    def of(model: nn.Module, positions: int) -> LlamaStack | None:
+        """The stack for `model` (positions 0..`positions`-1) when it is a Llama whose
+        projections were fused, else None."""
         if not is_llama(model):
             return None
         layers = model.model.layers
         fused = all(isinstance(layer.self_attn.q_proj, ProjectionPart)
                     and isinstance(layer.mlp.gate_proj, ProjectionPart) for layer in layers)
-        return LlamaStack(model) if fused else None
+        return LlamaStack(model, positions) if fused else None
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: SlotKVCache) -> torch.Tensor:
@@ -75,7 +81,8 @@ class LlamaStack:
         rows, width = ids.shape
         counts = positions + 1  # a slot holds its sequence from position 0: keys 0..p
         for index, layer in enumerate(self.layers):
-            qkv = layer.qkv.fused(_rms_norm(layer.norm_in, x)).view(rows, width, -1, self.head_dim)
+            qkv = layer.qkv.fused(self._rms_norm(layer.norm_in, x))
+            qkv = qkv.view(rows, width, -1, self.head_dim)
             qk = qkv[:, :, : layer.qk_heads]  # queries and keys rotate as one tensor
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :, : layer.q_heads].transpose(1, 2), qk[:, :, layer.q_heads :]
@@ -84,14 +91,43 @@ class LlamaStack:
             a, _ = slot_cache_attention(None, q, k, v, mask, scaling=self.scaling,
                                         counts=counts)
             x = x + layer.out(a.reshape(rows, width, -1))
-            gate, up = layer.gate_up.fused(_rms_norm(layer.norm_post, x)).split(layer.mlp_sizes,
-                                                                                dim=-1)
+            gate, up = layer.gate_up.fused(self._rms_norm(layer.norm_post, x)).split(
+                layer.mlp_sizes, dim=-1)
             x = x + layer.down(layer.act(gate) * up)
-        return _rms_norm(self.norm, x)
+        return self._rms_norm(self.norm, x)
+
+    def _rms_norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The model's RMSNorm; in float32 one op (torch's gives the same bits in fewer calls)."""
+        if x.dtype != torch.float32:
+            return norm(x)
+        if self.exact_norms:
+            return row_norm.rms_norm(x, norm.weight, norm.variance_epsilon)
+        return rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
-def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model's RMSNorm; in float32, torch's one op, which gives the same bits in fewer calls."""
-    if x.dtype != torch.float32:
-        return norm(x)
-    return rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+class _RotaryTable:
+    """The rotary embedding's cos and sin for every position, computed once by the model's own
+    module and looked up by position: an eager pass and a compiled step then read the same
+    values (a compiled step computing them itself rounds some cos and sin differently), and a
+    step computes no cos or sin. Rope types that rescale with the sequence's length (dynamic,
+    longrope) are computed each pass, by their module."""
+
+    def __init__(self, rotary: nn.Module, cos: torch.Tensor | None, sin: torch.Tensor | None):
+        self.rotary, self.cos, self.sin = rotary, cos, sin
+
+    @staticmethod
+    def of(rotary: nn.Module, positions: int, dtype: torch.dtype,
+           device: torch.device) -> _RotaryTable:
+        kind = str(getattr(rotary, "rope_type", "default"))
+        if "dynamic" in kind or kind == "longrope":
+            return _RotaryTable(rotary, None, None)
+        with torch.no_grad():
+            cos, sin = rotary(torch.empty(0, dtype=dtype, device=device),
+                              position_ids=torch.arange(positions, device=device)[None])
+        return _RotaryTable(rotary, cos[0], sin[0])
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor):
+        """cos and sin [B, T, head_dim] at `position_ids` [B, T]."""
+        if self.cos is None:
+            return self.rotary(x, position_ids=position_ids)
+        return self.cos[position_ids], self.sin[position_ids]

@@ -74,7 +74,7 @@ class ModelRunner:
         self._decoder = model.get_decoder()
         # After fusing (it calls the fused projections); CPU only: with a mask, CUDA's SDPA has
         # no grouped-query kernel but the math one, slower than transformers' repeated heads.
-        self._stack = LlamaStack.of(model) if self.device.type == "cpu" else None
+        self._stack = LlamaStack.of(model, max_len) if self.device.type == "cpu" else None
         self._lm_head = model.get_output_embeddings()
         self._neg_inf = torch.finfo(self.mask_dtype).min
         # With fewer rows than threads, torch splits a row's reductions (RMSNorm's mean) across
