@@ -57,7 +57,8 @@ class LlamaStack:
         self.layers = [_Layer.of(layer, self.head_dim)
                        for layer in decoder.layers[: model.config.num_hidden_layers]]
         self.rotary = _RotaryTable.of(decoder.rotary_emb, positions, model.dtype, model.device)
-        # Over quantized linears an eager and a compiled pass must round alike (row_norm.py).
+        # Over quantized linears an eager and a compiled pass must round alike: their norms
+        # run torch's kernel in both (QuantLinear.forward, row_norm.py).
         self.exact_norms = any(isinstance(m, QuantLinear) for m in model.modules()) \
             and model.dtype == torch.float32 and row_norm.available()
 
@@ -81,7 +82,7 @@ class LlamaStack:
         rows, width = ids.shape
         counts = positions + 1  # a slot holds its sequence from position 0: keys 0..p
         for index, layer in enumerate(self.layers):
-            qkv = layer.qkv.fused(self._rms_norm(layer.norm_in, x))
+            qkv = self._project(layer.qkv.fused, layer.norm_in, x)
             qkv = qkv.view(rows, width, -1, self.head_dim)
             qk = qkv[:, :, : layer.qk_heads]  # queries and keys rotate as one tensor
             qk = qk * cos + rotate_half(qk) * sin
@@ -91,16 +92,24 @@ class LlamaStack:
             a, _ = slot_cache_attention(None, q, k, v, mask, scaling=self.scaling,
                                         counts=counts)
             x = x + layer.out(a.reshape(rows, width, -1))
-            gate, up = layer.gate_up.fused(self._rms_norm(layer.norm_post, x)).split(
+            gate, up = self._project(layer.gate_up.fused, layer.norm_post, x).split(
                 layer.mlp_sizes, dim=-1)
             x = x + layer.down(layer.act(gate) * up)
         return self._rms_norm(self.norm, x)
 
-    def _rms_norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The model's RMSNorm; in float32 one op (torch's gives the same bits in fewer calls)."""
+    def _project(self, linear: nn.Module, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """`linear`(`norm`(x)); a quantized linear computes the norm in its own op (a LoRA-
+        wrapped one reads the norm's output too: torch's op first, the same kernel)."""
+        if self.exact_norms and isinstance(linear, QuantLinear):
+            return linear(x, norm)
+        return linear(self._rms_norm(norm, x, opaque=False))
+
+    def _rms_norm(self, norm: nn.Module, x: torch.Tensor, opaque: bool = True) -> torch.Tensor:
+        """The model's RMSNorm; in float32 one op (torch's gives the same bits in fewer calls),
+        over quantized linears one a compiled step cannot rewrite (row_norm.py)."""
         if x.dtype != torch.float32:
             return norm(x)
-        if self.exact_norms:
+        if self.exact_norms and opaque:
             return row_norm.rms_norm(x, norm.weight, norm.variance_epsilon)
         return rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 

@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/rms_norm.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -214,8 +215,12 @@ void run(const Rows &x, int64_t rows, const uint8_t *w, const c10::Half *d, cons
     });
 }
 
+// `norm` (optional): the layer's input is RMSNorm(input) by that weight and `eps`, through
+// torch's own kernel, as an eager pass computes it, where a compiled step would generate its own
+// reduction (quant_linear.py says why the bits matter).
 at::Tensor quant_linear(const at::Tensor &input, const at::Tensor &weights,
-                        const at::Tensor &scales, const at::Tensor &mins, int64_t bits) {
+                        const at::Tensor &scales, const at::Tensor &mins, int64_t bits,
+                        const std::optional<at::Tensor> &norm, double eps) {
     TORCH_CHECK(bits == 4 || bits == 8, "quant_linear: bits must be 4 or 8");
     TORCH_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16,
                 "quant_linear: the input must be float32 or bfloat16");
@@ -230,7 +235,8 @@ at::Tensor quant_linear(const at::Tensor &input, const at::Tensor &weights,
                     "quant_linear: scales and mins must be float16 [tiles, groups, 16], contiguous");
     // bf16 comes in as it is and goes out rounded to bf16, as an op of that dtype would: a
     // compiled graph then cannot skip the roundings an eager pass makes around the op.
-    const at::Tensor x = input.contiguous().to(at::kFloat);
+    const at::Tensor normed = norm ? at::rms_norm(input, {k}, *norm, eps) : input;
+    const at::Tensor x = normed.contiguous().to(at::kFloat);
     const int64_t rows = x.numel() / k;
     std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
     shape.back() = tiles * TILE;
@@ -248,8 +254,8 @@ at::Tensor quant_linear(const at::Tensor &input, const at::Tensor &weights,
 }  // namespace
 
 TORCH_LIBRARY(lmi_quant, m) {
-    m.def("quant_linear(Tensor input, Tensor weights, Tensor scales, Tensor mins, int bits) "
-          "-> Tensor");
+    m.def("quant_linear(Tensor input, Tensor weights, Tensor scales, Tensor mins, int bits, "
+          "Tensor? norm=None, float eps=0.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(lmi_quant, CPU, m) { m.impl("quant_linear", &quant_linear); }

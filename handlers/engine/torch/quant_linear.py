@@ -57,11 +57,16 @@ class QuantLinear(nn.Module):
         self.scales = nn.Buffer(scales)
         self.mins = nn.Buffer(mins)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """`x`'s outputs; with `norm` (an RMSNorm), those of `norm(x)`, the norm computed in
+        the op by torch's own kernel: a compiled step, where inductor would generate the norm
+        itself and sum a row's squares in another order, then gives the eager pass's bits,
+        which the int8 rounding of the inputs would otherwise turn into different logits."""
         if x.dtype not in (torch.float32, torch.bfloat16):
-            return self(x.float()).to(x.dtype)
+            return self(x.float(), norm).to(x.dtype)
+        weight, eps = (None, 0.0) if norm is None else (norm.weight, norm.variance_epsilon)
         return torch.ops.lmi_quant.quant_linear(x, self.weights, self.scales, self.mins,
-                                                self.bits)
+                                                self.bits, weight, eps)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
@@ -134,6 +139,6 @@ def available() -> bool:
 
 
 def _shape(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-           bits: int) -> torch.Tensor:
+           bits: int, norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """What torch.export traces the op as: [..., out] in the input's dtype."""
     return x.new_empty((*x.shape[:-1], weights.shape[0] * TILE))

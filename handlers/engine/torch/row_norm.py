@@ -1,5 +1,6 @@
-"""RMSNorm as an op opaque to inductor (row_norm.cpp: torch's own kernel behind it), for the CPU
-decode step over quantized linears.
+"""RMSNorm as an op opaque to inductor (row_norm.cpp: torch's own kernel behind it): the final
+norm of the CPU decode step over quantized linears (the layers' norms run inside the quantized
+linears' own op, QuantLinear.forward, for the same reason).
 
 An eager pass runs torch's rms_norm; a compiled step would run inductor's own reduction, summing
 a row's squares in another order: float32 results ~1e-7 apart, which float linears carry along,
