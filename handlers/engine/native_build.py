@@ -16,6 +16,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -98,9 +99,10 @@ def runnable_levels() -> list[str]:
     return runnable[::-1]
 
 
-def load(source: Path, without: str) -> bool:
-    """Build `source` and load it into torch's registry; False, with a warning naming the
-    library and `without` (what runs instead), where it cannot be."""
+def load(source: Path, without: str, fakes: Mapping[str, Callable] | None = None) -> bool:
+    """Build `source` and load it into torch's registry, with `fakes` (op name: what
+    torch.export traces that op as) registered; False, with a warning naming the library and
+    `without` (what runs instead), where it cannot be."""
     try:
         torch.ops.load_library(str(build(source)))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
@@ -108,6 +110,8 @@ def load(source: Path, without: str) -> bool:
         log.warning("%s could not be built (%s); %s", source.name, str(detail).strip()[-500:],
                     without)
         return False
+    for op, fake in (fakes or {}).items():
+        torch.library.register_fake(op)(fake)
     return True
 
 

@@ -117,10 +117,11 @@ class DecodeGraphs:
 
     def _run(self) -> None:
         try:
-            # The ops the graphs call (quantized linears load with the model), registered
-            # before the graphs load.
+            # The ops the graphs call, registered before the graphs load (quantized linears
+            # load with the model; only their graphs call the final norm's op).
             invariant_attention.available()
-            row_norm.available()
+            if self._job["quantize"] != "none":
+                row_norm.available()
             pending = [spec for spec in self._specs if not self._load_cached(spec)]
             if pending:
                 self._compile(pending)

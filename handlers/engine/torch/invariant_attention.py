@@ -47,11 +47,9 @@ def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 @functools.cache
 def available() -> bool:
     """Whether the op is loaded (built on first use, once per process)."""
-    if not native_build.load(SOURCE, "CPU attention runs on SDPA, whose results for a row "
-                             "depend slightly on the rest of its batch"):
-        return False
-    torch.library.register_fake("lmi::slot_attention")(_shape)
-    return True
+    return native_build.load(SOURCE, "CPU attention runs on SDPA, whose results for a row "
+                             "depend slightly on the rest of its batch",
+                             {"lmi::slot_attention": _shape})
 
 
 def _shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, counts: torch.Tensor,

@@ -132,10 +132,8 @@ def unpack(weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
 @functools.cache
 def available() -> bool:
     """Whether the kernel is loaded (built on first use, once per process)."""
-    if not native_build.load(SOURCE, "quantized weights are served dequantized to float"):
-        return False
-    torch.library.register_fake("lmi_quant::quant_linear")(_shape)
-    return True
+    return native_build.load(SOURCE, "quantized weights are served dequantized to float",
+                             {"lmi_quant::quant_linear": _shape})
 
 
 def _shape(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,

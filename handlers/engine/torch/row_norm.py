@@ -30,11 +30,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 @functools.cache
 def available() -> bool:
     """Whether the op is loaded (built on first use, once per process)."""
-    if not native_build.load(SOURCE, "RMSNorm runs on torch's op, whose bits a compiled step "
-                             "does not reproduce"):
-        return False
-    torch.library.register_fake("lmi_rows::rms_norm")(_shape)
-    return True
+    return native_build.load(SOURCE, "RMSNorm runs on torch's op, whose bits a compiled step "
+                             "does not reproduce", {"lmi_rows::rms_norm": _shape})
 
 
 def _shape(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
