@@ -8,6 +8,7 @@ This module imports torch and transformers: import it only when the baseline run
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,21 +17,27 @@ from transformers.generation.streamers import BaseStreamer
 
 from bench.stats import RequestResult
 from bench.workloads import Arrival, BatchTiming, Progress, closed_loop_prompts, run_static_trace
-from handlers.engine.torch.loader import cached_gguf_dir, resolve_dtype
+from handlers.engine.gguf.cache import cached_gguf_dir
+from handlers.engine.machine import resolve_device
+from handlers.engine.torch.loader import resolve_dtype
 from handlers.model_source import default_model_path
 
 
 class GenerateBaseline:
-    """One model in this process, run one static batch at a time (greedy, fixed length)."""
+    """One model in this process, run one static batch at a time (greedy, fixed length):
+    `model` (a Hugging Face model directory), else the embedded default, on `device`."""
 
-    def __init__(self, threads: int, dtype: str) -> None:
+    def __init__(self, threads: int, dtype: str, model: Path | None = None,
+                 device: str = "cpu") -> None:
         torch.set_num_threads(threads)
         # Transformers' own classes (the server's loader gives its own Llama, which has no
-        # generate()) over the GGUF's cached conversion, which the server reads too.
-        directory = cached_gguf_dir(default_model_path())
+        # generate()); the embedded default from the GGUF's cached conversion, which the server
+        # reads too.
+        directory = model or cached_gguf_dir(default_model_path())
+        target = resolve_device(device)
         self.model = AutoModelForCausalLM.from_pretrained(
-            directory, dtype=resolve_dtype(dtype, torch.device("cpu"), None),
-            local_files_only=True).eval()
+            directory, dtype=resolve_dtype(dtype, target, None),
+            local_files_only=True).to(target).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         self.tokenizer.padding_side = "left"
         self.pad_id = self.tokenizer.pad_token_id

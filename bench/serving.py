@@ -50,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="server max_rolling_batch_size and the baseline's largest static batch")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads for the server and the baseline")
+    p.add_argument("--model", type=Path,
+                   help="a Hugging Face model directory for both halves (default: the embedded "
+                        "SmolLM2 GGUF)")
+    p.add_argument("--device", default="cpu",
+                   help="option.device of the server and the baseline's device (cpu, cuda)")
+    p.add_argument("--server-option", action="append", default=[], metavar="option.KEY=VALUE",
+                   help="another setting for the server (repeatable)")
     p.add_argument("--server-dtype", default="auto",
                    help="the server's option.dtype (auto: bf16 where the CPU runs it, else fp32)")
     p.add_argument("--baseline-dtype", default="fp32",
@@ -128,8 +135,10 @@ def run_server(args: argparse.Namespace) -> tuple[list[Level], dict[str, Any]]:
     if args.url:
         url = args.url.rstrip("/")
         return server_levels(url, args), {"url": url}
+    model = [f"option.model_id={args.model.resolve()}"] if args.model else []
     command = lmi_serve([f"option.max_rolling_batch_size={args.max_batch}",
-                         f"option.dtype={args.server_dtype}"])
+                         f"option.dtype={args.server_dtype}", f"option.device={args.device}",
+                         *model, *args.server_option])
     with ServerProcess(command, args.out / "server.log", thread_env(args.threads)) as server:
         print(f"starting {' '.join(server.command)}", file=sys.stderr)
         server.wait_ready(args.startup_timeout)
@@ -141,7 +150,7 @@ def run_baseline(args: argparse.Namespace) -> list[Level]:
     """The generate() half, in this process, after the server half has finished."""
     from bench import baseline  # torch and transformers: loaded only for the baseline
 
-    model = baseline.GenerateBaseline(args.threads, args.baseline_dtype)
+    model = baseline.GenerateBaseline(args.threads, args.baseline_dtype, args.model, args.device)
     model.run_batch([prompt(0)], 8)  # warm-up, not measured
     turns, length = args.requests_per_client, args.max_new_tokens
     return run_levels(
@@ -154,11 +163,13 @@ def run_baseline(args: argparse.Namespace) -> list[Level]:
 def meta(args: argparse.Namespace, server: dict[str, Any], load: float) -> dict[str, Any]:
     settings = {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}
     settings["out"] = str(args.out)
+    settings["model"] = str(args.model) if args.model else None
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": settings,
         "server": server,
         "cpu_count": os.cpu_count(),
+        "gpu": _gpu_name(args.device),
         "load_avg_at_start": load,
         "python": platform.python_version(),
         "versions": _versions(),
@@ -173,6 +184,14 @@ def _versions() -> dict[str, str | None]:
         except PackageNotFoundError:
             found[package] = None
     return found
+
+
+def _gpu_name(device: str) -> str | None:
+    if device == "cpu":
+        return None
+    import torch  # only where a GPU runs the benchmark
+
+    return torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else None
 
 
 def warn_if_busy() -> float:
@@ -201,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     serving_plot(levels, png)
     shutil.copyfile(png, args.out / "latest.png")
     print(serving_table(levels))
-    print(f"server option.dtype={args.server_dtype}; generate() dtype={args.baseline_dtype}")
+    print(f"server option.dtype={args.server_dtype}; generate() dtype={args.baseline_dtype}; "
+          f"device {args.device}")
     print(f"\nresults: {path}\nplot:    {png}")
     return 0
 

@@ -231,6 +231,16 @@ def level(system: str, label: str, tok_s: float) -> dict:
             "errors": 0, "short": 0}
 
 
+def test_the_generate_baseline_runs_a_given_model_as_one_static_batch(tiny_dir):
+    from bench import baseline
+
+    model = baseline.GenerateBaseline(threads=1, dtype="fp32", model=tiny_dir)
+    timing = model.run_batch(["Deep learning is", "The quick brown fox jumps over"], 5)
+    assert len(timing.token_times) == 5  # one stamp a step, the prompt's pass not counted
+    assert timing.start < timing.token_times[0] <= timing.token_times[-1] <= timing.end
+    assert parse_args(["--model", str(tiny_dir), "--device", "cuda"]).device == "cuda"
+
+
 def test_table_pairs_server_with_generate_and_shows_the_ratio(tmp_path):
     levels = [level("server", "C=8", 300.0), level("generate", "C=8", 100.0),
               level("server", "C=16", 50.0)]
