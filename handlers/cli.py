@@ -71,6 +71,15 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(serve(config))
 
 
+def _version() -> str:
+    """The installed package's version; a checkout run without installing it (PYTHONPATH) has
+    no package metadata, and serves all the same."""
+    try:
+        return importlib.metadata.version("lmi-serve")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+checkout"
+
+
 def server_settings(config: Config) -> ServerSettings:
     return ServerSettings(
         model_name=config.model_name,
@@ -90,7 +99,7 @@ def server_settings(config: Config) -> ServerSettings:
         stateful_sessions=config.enable_stateful_sessions and not config.embeddings_only,
         sessions_expiration=config.sessions_expiration,
         max_sessions=config.max_sessions,
-        server_version=importlib.metadata.version("lmi-serve"),
+        server_version=_version(),
         grpc_host=config.host,
         grpc_port=config.grpc_port,
         model_dir=config.model_dir,

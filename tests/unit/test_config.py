@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,21 @@ def test_repeated_option_flags(tmp_path):
     config = load(tmp_path, argv=argv)
     assert config.max_rolling_batch_size == 8 and config.tgi_compat is True
     assert config.sources["tgi_compat"] == "command line"
+
+
+def test_a_checkout_run_without_installing_the_package_still_configures_a_server(
+        tmp_path, monkeypatch):
+    import importlib.metadata
+
+    from handlers import cli
+
+    assert cli.server_settings(load(tmp_path)).server_version == version("lmi-serve")
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # PYTHONPATH=checkout
+    assert cli.server_settings(load(tmp_path)).server_version == "0+checkout"
 
 
 def test_option_without_equals_sign_is_an_error(tmp_path):
