@@ -191,7 +191,7 @@ def test_a_tiny_hf_directory_loads_ready_to_serve(tiny_dir: Path) -> None:
     assert loaded.name == "tiny-llama"
     assert loaded.source == str(tiny_dir)
     assert not loaded.model.training
-    assert loaded.device == torch.device("cpu")
+    assert loaded.device == resolve_device("auto")  # a GPU where there is one
     assert loaded.dtype == torch.float32 == loaded.model.dtype
     assert loaded.max_model_len == 512
     im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
