@@ -31,15 +31,18 @@ def build(config: Config) -> EngineBuild:
     prefill = config.max_rolling_batch_prefill_tokens
     if not config.enable_chunked_prefill:  # whole prompts: a step prefills up to the context
         prefill = max(prefill, loaded.max_model_len)
-    # vLLM's meaning: option.enforce_eager=true runs the step eagerly, without compiling it.
-    graphs = None if config.enforce_eager else DecodeGraphs.for_model(
+    # vLLM's meaning: option.enforce_eager=true runs the step eagerly, without compiling it
+    # (on the CPU) or capturing it as CUDA graphs (on a GPU).
+    on_gpu = loaded.device.type == "cuda"
+    graphs = None if config.enforce_eager or on_gpu else DecodeGraphs.for_model(
         loaded, config.max_rolling_batch_size, loaded.max_model_len)
     lora = None if config.lora is None else LoraSet(config.lora.max_loras, config.lora.max_rank)
     engine = TorchEngine(loaded, max_batch_size=config.max_rolling_batch_size,
                          max_prefill_tokens=prefill, chat_template=chat_template_text(config),
                          stall_timeout=config.engine_stall_timeout or None,
                          prefix_cache_bytes=0 if config.enable_prefix_caching is False
-                         else PREFIX_CACHE_BYTES, graphs=graphs, lora=lora)
+                         else PREFIX_CACHE_BYTES, graphs=graphs, lora=lora,
+                         cuda_graphs=on_gpu and not config.enforce_eager)
     if lora is not None:  # the runner wrapped the model's projections: the adapters fit in
         _add_adapters(config, lora)
     return EngineBuild(engine, main_loop=engine.loop, steppable=DirectStepper(engine))

@@ -1,6 +1,7 @@
 """The torch engine: the shared engine loop (handlers/engine/loop/) over a `ModelRunner`, the
 forward passes of a Hugging Face causal LM (CPU by default, CUDA when present), with its decode
-steps compiled into graphs where `graphs` is given, and LoRA adapters applied per row where
+steps compiled into graphs where `graphs` is given (on the CPU) or captured as CUDA graphs where
+`cuda_graphs` is set, and LoRA adapters applied per row where
 `lora` is given (lora.py)."""
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ class TorchEngine(LoopEngine):
     def __init__(self, loaded: LoadedModel, max_batch_size: int = 32,
                  max_prefill_tokens: int = 512, chat_template: str | None = None,
                  stall_timeout: float | None = None, prefix_cache_bytes: int = 0,
-                 graphs: DecodeGraphs | None = None, lora: LoraSet | None = None) -> None:
+                 graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
+                 cuda_graphs: bool = False) -> None:
         self.graphs = graphs
         super().__init__(
             loaded,
-            lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len, graphs, lora),
+            lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len, graphs, lora,
+                                cuda_graphs),
             max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens,
             chat_template=chat_template, stall_timeout=stall_timeout,
             prefix_cache_bytes=prefix_cache_bytes,
@@ -33,4 +36,6 @@ class TorchEngine(LoopEngine):
         stats = super().stats()
         if self.graphs is not None:
             stats.update(self.graphs.counts())
+        if self.batcher.runner.cuda_graphs is not None:
+            stats.update(self.batcher.runner.cuda_graphs.counts())
         return stats

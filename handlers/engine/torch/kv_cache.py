@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Iterable
 
 import torch
 
@@ -42,6 +43,7 @@ class SlotKVCache:
         self.keys = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.values = [_zeros(shape, dtype, device) for _ in range(num_layers)]
         self.lengths = [0] * num_slots  # positions each slot holds (written, copied or loaded)
+        self.resizes = 0  # how often the buffers were replaced (what a CUDA graph reads moved)
         self._rows: slice | torch.Tensor = slice(0, 0)
         self._write_index: tuple[torch.Tensor, torch.Tensor] | None = None
         self._read_len = 0
@@ -75,6 +77,7 @@ class SlotKVCache:
                 for slot, length in held:
                     resized[slot, :, :length] = old[slot, :, :length]
                 buffers[i] = resized
+        self.resizes += 1
 
     def bind(self, rows: slice | torch.Tensor, positions: torch.Tensor, read_len: int) -> None:
         """Set the slots the next forward pass uses (a slice for contiguous rows: attention then
@@ -88,8 +91,18 @@ class SlotKVCache:
             index = torch.arange(rows.start, rows.stop, device=device)
         self._rows, self._read_len = rows, read_len
         self._write_index = (index[:, None].expand_as(positions), positions.to(device))
-        ends = (positions.amax(dim=1) + 1).tolist()
-        for slot, end in zip(index.tolist(), ends, strict=True):
+        self.note_written(index.tolist(), (positions.amax(dim=1) + 1).tolist())
+
+    def bind_graph(self, slots: torch.Tensor, positions: torch.Tensor, rows: int) -> None:
+        """For a captured decode step (cuda_graphs.py): rows 0..rows-1 read the whole capacity,
+        and row i writes at positions[i] of slot slots[i], device tensors [rows, 1] that the
+        graph reads again at each replay. Nothing here reads the device: a capture cannot."""
+        self._rows, self._read_len = slice(0, rows), self.capacity
+        self._write_index = (slots, positions)
+
+    def note_written(self, slots: Iterable[int], ends: Iterable[int]) -> None:
+        """Each slot holds positions up to `end` now (a pass wrote them)."""
+        for slot, end in zip(slots, ends, strict=True):
             self.lengths[slot] = max(self.lengths[slot], end)
 
     def release(self, slot: int) -> None:

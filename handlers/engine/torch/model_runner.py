@@ -22,6 +22,7 @@ from handlers.engine.torch.attention import (
     use_slot_cache_attention,
     visible_keys,
 )
+from handlers.engine.torch.cuda_graphs import CudaDecodeGraphs
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.kv_cache import SavedPrefix, SlotKVCache
@@ -36,7 +37,8 @@ class ModelRunner:
     prefix_places = None  # kept prefixes are copies of their own: as many as the budget holds
 
     def __init__(self, model: nn.Module, num_slots: int, max_len: int,
-                 graphs: DecodeGraphs | None = None, lora: LoraSet | None = None) -> None:
+                 graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
+                 cuda_graphs: bool = False) -> None:
         self.model = model
         self.graphs = graphs  # compiled decode steps, used for the row counts they have
         self.lora = lora  # LoRA adapters, applied to the rows whose slots use one
@@ -64,7 +66,8 @@ class ModelRunner:
         self.num_slots = num_slots
         self.cache = SlotKVCache(
             num_layers=config.num_hidden_layers,
-            num_slots=num_slots,
+            # the CUDA graphs' padding rows write a slot of their own
+            num_slots=num_slots + (1 if cuda_graphs else 0),
             num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
             head_dim=head_dim,
             dtype=self.cache_dtype,
@@ -77,6 +80,8 @@ class ModelRunner:
         self._stack = LlamaStack.of(model, max_len) if self.device.type == "cpu" else None
         self._lm_head = model.get_output_embeddings()
         self._neg_inf = torch.finfo(self.mask_dtype).min
+        self.cuda_graphs = CudaDecodeGraphs(self._logits, self.cache, num_slots,
+                                            self.mask_dtype) if cuda_graphs else None
         # With fewer rows than threads, torch splits a row's reductions (RMSNorm's mean) across
         # threads, in another order than when each row has a thread: results depend on the batch
         # size. In 16-bit that flips roundings, and so sampled tokens; a 16-bit decode pass on the
@@ -90,6 +95,14 @@ class ModelRunner:
         cached already. Returns float32 logits [B, V]."""
         rows = len(token_ids)
         row_slots = list(range(first_slot, first_slot + rows))
+        if self.cuda_graphs is not None and not first_slot and not self._adapted(row_slots):
+            self._use_adapters(row_slots)  # none: the graphs were captured without
+            try:
+                return self.cuda_graphs.decode(token_ids, lengths)
+            except RuntimeError:  # a model whose step cannot be captured still serves
+                log.exception("capturing the decode step as a CUDA graph failed: decoding "
+                              "eagerly from now on")
+                self.cuda_graphs = None
         # The graphs are the base model's: a pass with adapter rows runs eagerly.
         graph = None if self.graphs is None or first_slot or self._adapted(row_slots) \
             else self.graphs.for_rows(rows)
@@ -144,6 +157,10 @@ class ModelRunner:
             out = self._decoder(input_ids=ids, position_ids=positions, attention_mask=mask,
                                 past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state
+
+    def _logits(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        """Each row's next-token logits [B, V] (the step cuda_graphs.py captures)."""
+        return self._lm_head(self._forward(ids, positions, mask)[:, -1])
 
     def _adapted(self, slots: Iterable[int]) -> bool:
         return self.lora is not None and any(self._slot_adapters[slot] for slot in slots)
