@@ -375,13 +375,14 @@ class _EngineReading:
             yield self._dynamic_batch_size(stats)
         if (activity := self.activity()) is not None:
             yield _lora_info(activity)
-        if "decode_graphs_total" in stats:  # the torch engine compiling its decode step
+        if "decode_graphs_total" in stats:  # the torch engine compiling or capturing its step
             yield self._one(GaugeMetricFamily(
-                "lmi_decode_graphs_ready", "Compiled decode graphs in use (of "
-                "lmi_decode_graphs_total); the decode step runs eagerly until they are",
-                labels=["model"]), stats["decode_graphs_ready"])
+                "lmi_decode_graphs_ready", "Decode graphs ready, of lmi_decode_graphs_total "
+                "(compiled on the CPU: the step runs eagerly until they are; CUDA graphs on a "
+                "GPU: captured as batch sizes first occur)", labels=["model"]),
+                stats["decode_graphs_ready"])
             yield self._one(GaugeMetricFamily("lmi_decode_graphs_total",
-                                              "Compiled decode graphs this engine wants",
+                                              "Decode graphs this engine wants",
                                               labels=["model"]), stats["decode_graphs_total"])
 
     def _one(self, metric: Any, value: float) -> Metric:
