@@ -159,7 +159,7 @@ class EagerReplay(cuda_graphs.CudaDecodeGraphs):
                 cache.keys, cache.values = live
 
         logits = replay()
-        self.captured.append((logits.shape[0], self._capacity))
+        self.captured.append((logits.shape[0], self._cache.capacity))
         return lambda: logits.copy_(replay()), logits
 
 

@@ -26,7 +26,7 @@ from handlers.engine.torch.kv_cache import SlotKVCache
 
 log = logging.getLogger(__name__)
 
-# (ids [B, 1], positions [B, 1], additive mask [B, 1, 1, capacity]) -> logits [B, vocab]
+# (ids [B, 1], positions [B, 1], the keys each row sees [B, capacity]) -> logits [B, vocab]
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -44,15 +44,12 @@ class _Graph:
 
 
 class CudaDecodeGraphs:
-    def __init__(self, step: Step, cache: SlotKVCache, max_rows: int,
-                 mask_dtype: torch.dtype) -> None:
+    def __init__(self, step: Step, cache: SlotKVCache, max_rows: int) -> None:
         self._step = step
         self._cache = cache
         self._scratch = max_rows  # the cache's extra slot: padding rows write there
         self._buckets = buckets(max_rows)
-        self._mask_dtype = mask_dtype
         self._graphs: dict[int, _Graph] = {}
-        self._capacity = 0
         self._resizes = -1  # the cache's count when the graphs were captured
         self._pool: tuple[int, int] | None = None  # the memory the graphs of a capacity share
 
@@ -69,7 +66,7 @@ class CudaDecodeGraphs:
         if self._cache.resizes != self._resizes:  # the buffers moved: every graph is stale
             self._graphs.clear()
             self._pool = None
-            self._capacity, self._resizes = self._cache.capacity, self._cache.resizes
+            self._resizes = self._cache.resizes
         pad = bucket - rows
         host = torch.tensor([token_ids + [0] * pad, lengths + [0] * pad,
                              list(range(rows)) + [self._scratch] * pad])[:, :, None]
@@ -87,17 +84,15 @@ class CudaDecodeGraphs:
         computes and writes, so the cache holds what a replay writes)."""
         inputs = host.to(self._cache.keys[0].device)
         ids, positions, slots = inputs
-        keys = torch.arange(self._capacity, device=inputs.device)
+        keys = torch.arange(self._cache.capacity, device=inputs.device)
 
         def step() -> torch.Tensor:
             self._cache.bind_graph(slots, positions, len(ids))  # read at capture only
-            visible = keys[None, :] <= positions  # [B, capacity]: 0..length
-            mask = torch.where(visible, 0.0, torch.finfo(self._mask_dtype).min)
-            return self._step(ids, positions, mask.to(self._mask_dtype)[:, None, None, :])
+            return self._step(ids, positions, keys[None, :] <= positions)  # keys 0..length
 
         replay, logits = self._record(step)
         log.info("decode step captured for %d rows (cache capacity %d)", len(ids),
-                 self._capacity)
+                 self._cache.capacity)
         return _Graph(replay, inputs, logits)
 
     def _record(self, step: Callable[[], torch.Tensor]) -> tuple[Callable[[], object],

@@ -80,8 +80,8 @@ class ModelRunner:
         self._stack = LlamaStack.of(model, max_len) if self.device.type == "cpu" else None
         self._lm_head = model.get_output_embeddings()
         self._neg_inf = torch.finfo(self.mask_dtype).min
-        self.cuda_graphs = CudaDecodeGraphs(self._logits, self.cache, num_slots,
-                                            self.mask_dtype) if cuda_graphs else None
+        self.cuda_graphs = CudaDecodeGraphs(self._logits, self.cache, num_slots) \
+            if cuda_graphs else None
         # With fewer rows than threads, torch splits a row's reductions (RMSNorm's mean) across
         # threads, in another order than when each row has a thread: results depend on the batch
         # size. In 16-bit that flips roundings, and so sampled tokens; a 16-bit decode pass on the
@@ -158,8 +158,10 @@ class ModelRunner:
                                 past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state
 
-    def _logits(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
-        """Each row's next-token logits [B, V] (the step cuda_graphs.py captures)."""
+    def _logits(self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor):
+        """Each row's next-token logits [B, V], row i seeing the keys `visible[i]` (the step
+        cuda_graphs.py captures)."""
+        mask = self._additive(visible)[:, None, None, :]
         return self._lm_head(self._forward(ids, positions, mask)[:, -1])
 
     def _adapted(self, slots: Iterable[int]) -> bool:
