@@ -96,11 +96,13 @@ def test_auto_measures_the_cpus_float_dtype_once(monkeypatch, serves):
     monkeypatch.setattr(quantization, "choose_cpu_dtype",
                         lambda: measured.append(1) or (probed, "measured"))
     monkeypatch.setattr(loader, "choose_cpu_dtype", lambda: pytest.fail("measured twice"))
-    monkeypatch.setattr(quantization, "best_seconds", lambda call, repeats: (call(), 1.0)[1])
+    monkeypatch.setattr(quantization, "alternating_best",
+                        lambda calls, rounds, repeats: {k: (c(), 1.0)[1] for k, c in calls.items()})
     loaded = load_model(default_model_path())  # a tie: the blocks win, and serve float32 in
     assert (loaded.quantize_mode, loaded.dtype, measured) == ("gguf", torch.float32, [1])
-    speeds = iter([2.0, 1.0] * 2)  # the kernel twice as slow as the float matmul: none
-    monkeypatch.setattr(quantization, "best_seconds", lambda call, repeats: next(speeds))
+    # the kernel twice as slow as the float matmul: none
+    monkeypatch.setattr(quantization, "alternating_best",
+                        lambda calls, rounds, repeats: {"kernel": 2.0, "float": 1.0})
     loaded = load_model(default_model_path())
     assert (loaded.quantize_mode, loaded.dtype, measured) == ("none", probed, [1, 1])
 

@@ -3,6 +3,8 @@ than float32 (the probe's decision, with the measurements it would see on differ
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -64,3 +66,32 @@ def test_a_slow_stretch_during_one_probe_does_not_decide(monkeypatch):
     dtype, why = dtype_probe.choose_cpu_dtype()
     assert dtype == torch.float32 and "against float32 100" in why
     assert order == [torch.float32, torch.bfloat16] * 2
+
+
+def test_alternating_best_takes_the_calls_in_turn_and_keeps_each_ones_fastest(monkeypatch):
+    """A busy stretch meets the kernel's first samples only: the later rounds' count (a start's
+    other threads once slowed every sample of the quantized kernel's probe, and a Zen 4 where it
+    runs 5x bf16's speed served bf16)."""
+    readings = {"kernel": iter([9.0, 1.0, 1.2]), "float": iter([5.0, 5.1, 4.9])}
+    order: list[str] = []
+    monkeypatch.setattr(dtype_probe, "best_seconds",
+                        lambda call, repeats: next(readings[order.append(call()) or order[-1]]))
+    calls = {"kernel": lambda: "kernel", "float": lambda: "float"}
+    assert dtype_probe.alternating_best(calls, rounds=3, repeats=5) == {"kernel": 1.0,
+                                                                       "float": 4.9}
+    assert order == ["kernel", "float"] * 3
+
+
+def test_a_probe_runs_on_one_thread_and_gives_the_process_its_settings_back():
+    """Timed on one thread with the GIL switched often; the thread count and the switch
+    interval are the process's again afterwards, also when the call raises."""
+    threads, interval = torch.get_num_threads(), sys.getswitchinterval()
+    seen = []
+    seconds = dtype_probe.best_seconds(
+        lambda: seen.append((torch.get_num_threads(), sys.getswitchinterval())), repeats=3)
+    assert seconds >= 0 and len(seen) == 4
+    assert all(count == 1 and switch < interval for count, switch in seen)
+    assert (torch.get_num_threads(), sys.getswitchinterval()) == (threads, interval)
+    with pytest.raises(ZeroDivisionError):
+        dtype_probe.best_seconds(lambda: 1 / 0, repeats=3)
+    assert (torch.get_num_threads(), sys.getswitchinterval()) == (threads, interval)

@@ -28,7 +28,7 @@ from torch import nn
 
 from handlers.engine.registry import TORCH_QUANTIZE
 from handlers.engine.torch import gguf_blocks, quant_linear
-from handlers.engine.torch.dtype_probe import best_seconds, choose_cpu_dtype
+from handlers.engine.torch.dtype_probe import alternating_best, choose_cpu_dtype
 from handlers.engine.torch.llama_model import is_llama
 from handlers.engine.torch.quant_blocks import QuantizedWeight, from_float
 from handlers.engine.torch.quant_linear import QuantLinear
@@ -37,6 +37,10 @@ MODES = TORCH_QUANTIZE
 _PROBE = (1024, 1024)  # (out, in) of the probe's layer
 _PROBE_ROWS = (1, 16)  # a one-stream step, and a batch
 _REPEATS = 5
+# The kernel and the float matmul timed in turn, this many times each: a one-row call takes
+# ~20 us, and a start's other threads (the embedding model loading beside it) once slowed all
+# five of the kernel's samples in a row, so that a Zen 4 where it runs 5x bf16's speed chose bf16.
+_ROUNDS = 5
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +103,11 @@ def _probe() -> Plan:
     for rows in _PROBE_ROWS:
         x = torch.randn(rows, size)
         x_float = x.to(dtype)
-        quant_s = best_seconds(lambda x=x: quantized(x), _REPEATS)
-        float_s = best_seconds(lambda x=x_float: torch.nn.functional.linear(x, float_weight),
-                               _REPEATS)
-        speedups.append(float_s / quant_s)
+        seconds = alternating_best(
+            {"kernel": lambda x=x: quantized(x),
+             "float": lambda x=x_float: torch.nn.functional.linear(x, float_weight)},
+            _ROUNDS, _REPEATS)
+        speedups.append(seconds["float"] / seconds["kernel"])
     measured = ", ".join(f"{s:.1f}x at {r} row{'s' * (r > 1)}"
                          for s, r in zip(speedups, _PROBE_ROWS, strict=True))
     name = str(dtype).removeprefix("torch.")
