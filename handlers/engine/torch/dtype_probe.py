@@ -57,8 +57,9 @@ def best_seconds(call: Callable[[], object], repeats: int) -> float:
     GIL handed back within ~10 us: at a start the server's other threads hold the GIL and the
     cores, and a sample then timed a wait for the GIL (up to 5 ms, against a ~20 us call) or
     for a descheduled worker thread. Under two busy Python threads on a 2-core Zen 4 the
-    default settings measured bf16 at 4-8 GFLOP/s in most probes (float32 chosen), these the
-    true 2x every time."""
+    default settings measured bf16 at 2-10 GFLOP/s (300 alone) in 9 of 12 probes, choosing
+    float32 in 4; these measured its ~2x float32 every time. A model serving beside a loading
+    one runs single-threaded for the probe's ~0.1 s."""
     with _PROBING:
         interval, threads = sys.getswitchinterval(), torch.get_num_threads()
         sys.setswitchinterval(1e-5)

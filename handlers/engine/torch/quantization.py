@@ -38,8 +38,9 @@ _PROBE = (1024, 1024)  # (out, in) of the probe's layer
 _PROBE_ROWS = (1, 16)  # a one-stream step, and a batch
 _REPEATS = 5
 # The kernel and the float matmul timed in turn, this many times each: a one-row call takes
-# ~20 us, and a start's other threads (the embedding model loading beside it) once slowed all
-# five of the kernel's samples in a row, so that a Zen 4 where it runs 5x bf16's speed chose bf16.
+# ~20 us, and a start's other threads (the HTTP server starting, the embedding model's files
+# located) once slowed all five of the kernel's samples in a row, so that a Zen 4 where it runs
+# 5x bf16's speed chose bf16.
 _ROUNDS = 5
 
 log = logging.getLogger(__name__)
