@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.probes import best_of
 from bench.report import RESULTS, figure, progress, write_json
+from handlers.engine.machine import fastest
 from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.onednn_linear import OneDnnLinear
 from handlers.model_source import default_model_path
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def step_time(run: Callable[[], object], repeats: int) -> float:
     """Seconds per pass over every layer, the best of `repeats` after one warm-up pass."""
     run()
-    return best_of(repeats, run)
+    return fastest(repeats, run)
 
 
 class Linears(torch.nn.Module):

@@ -10,26 +10,15 @@ reach; the one-stream bound of quantized weights is bandwidth / the GGUF's bytes
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import torch
 
-
-def best_of(runs: int, work: Callable[[], object]) -> float:
-    """The fastest of `runs` timings of `work()`, in seconds."""
-    best = float("inf")
-    for _ in range(runs):
-        began = time.perf_counter()
-        work()
-        best = min(best, time.perf_counter() - began)
-    return best
+from handlers.engine.machine import fastest
 
 
 def read_bandwidth(gib: float = 1.0) -> float:
     """Bytes per second summing a `gib`-GiB float32 tensor (larger than any cache)."""
     data = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
-    seconds = best_of(5, data.sum)
+    seconds = fastest(5, data.sum)
     return data.numel() * 4 / seconds
 
 
@@ -37,14 +26,14 @@ def matmul_flops(dtype: torch.dtype, n: int = 1024) -> float:
     """FLOP/s of an n x n by n x n matmul in `dtype`."""
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     torch.matmul(a, b)  # warm the kernels
-    return 2 * n**3 / best_of(5, lambda: torch.matmul(a, b))
+    return 2 * n**3 / fastest(5, lambda: torch.matmul(a, b))
 
 
 def int8_ops(n: int = 1024) -> float:
     """Integer operations/s of an n x n by n x n int8 matmul (int32 sums)."""
     a, b = (torch.randint(-127, 128, (n, n), dtype=torch.int8) for _ in range(2))
     torch._int_mm(a, b)
-    return 2 * n**3 / best_of(5, lambda: torch._int_mm(a, b))
+    return 2 * n**3 / fastest(5, lambda: torch._int_mm(a, b))
 
 
 def highest(*probed: dict[str, float]) -> dict[str, float]:

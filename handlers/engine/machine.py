@@ -1,8 +1,11 @@
 """What this machine can run: its CPU's instruction sets (the keys of code compiled for it) and
-the device a model loads on. Shared by the engines that run on torch."""
+the device a model loads on, and how fast a call runs on it. Shared by the engines that run on
+torch and the benchmarks' probes."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +20,16 @@ def cpu_flags() -> str:
     except OSError:
         return ""
     return text.split("flags", 1)[-1].split("\n", 1)[0]
+
+
+def fastest(runs: int, work: Callable[[], object]) -> float:
+    """The fastest of `runs` timings of `work()`, in seconds."""
+    best = float("inf")
+    for _ in range(runs):
+        began = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - began)
+    return best
 
 
 def resolve_device(device: str = "auto") -> torch.device:

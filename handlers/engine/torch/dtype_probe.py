@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import torch
 
-from handlers.engine.machine import has_native_bf16
+from handlers.engine.machine import fastest, has_native_bf16
 
 BF16_SPEEDUP_NEEDED = 1.3  # below this, float32's exactness is worth more than the speed
 _ROWS, _SIZE, _REPEATS = 32, 1024, 3  # a decode batch through one projection-sized matmul
@@ -66,12 +65,7 @@ def best_seconds(call: Callable[[], object], repeats: int) -> float:
         torch.set_num_threads(1)
         try:
             call()
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                call()
-                best = min(best, time.perf_counter() - start)
-            return best
+            return fastest(repeats, call)
         finally:
             sys.setswitchinterval(interval)
             torch.set_num_threads(threads)
