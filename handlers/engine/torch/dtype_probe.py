@@ -32,10 +32,9 @@ def choose_cpu_dtype() -> tuple[torch.dtype, str]:
     if not (torch.ops.mkldnn._is_mkldnn_bf16_supported() and has_native_bf16()):
         return torch.float32, (f"this CPU ({capability}) has no bf16 matmul kernels "
                                "(AVX512-BF16 or AMX)")
-    best = {torch.float32: 0.0, torch.bfloat16: 0.0}
-    for _ in range(_ROUNDS):  # alternating: a busy stretch of the machine (a start's other
-        for dtype in best:  # threads) slows both dtypes' probes, not one (once: float32 at 4)
-            best[dtype] = max(best[dtype], matmul_gflops(dtype))
+    # once a start's other threads slowed a float32 probe to 4 GFLOP/s: the rounds' best counts
+    best = in_turns({dtype: lambda dtype=dtype: matmul_gflops(dtype)
+                     for dtype in (torch.float32, torch.bfloat16)}, _ROUNDS, max)
     fp32, bf16 = best[torch.float32], best[torch.bfloat16]
     measured = (f"bf16 matmul {bf16:.0f} GFLOP/s against float32 {fp32:.0f} on one thread here "
                 f"({capability})")
@@ -74,10 +73,19 @@ def best_seconds(call: Callable[[], object], repeats: int) -> float:
 def alternating_best(calls: Mapping[K, Callable[[], object]], rounds: int,
                      repeats: int) -> dict[K, float]:
     """Each call's fastest time (best_seconds) over `rounds` rounds that take the calls in
-    turn: a busy stretch of the machine (a start's other threads) slows the samples it meets,
-    not every sample of one call."""
-    best = dict.fromkeys(calls, float("inf"))
+    turn (in_turns)."""
+    return in_turns({key: lambda call=call: best_seconds(call, repeats)
+                     for key, call in calls.items()}, rounds, min)
+
+
+def in_turns(measures: Mapping[K, Callable[[], float]], rounds: int,
+             keep: Callable[[float, float], float]) -> dict[K, float]:
+    """Each measure's best reading (by `keep`: min or max) over `rounds` rounds that take the
+    measures in turn: a busy stretch of the machine (a start's other threads) spoils the
+    readings it meets, not every reading of one measure."""
+    best: dict[K, float] = {}
     for _ in range(rounds):
-        for key, call in calls.items():
-            best[key] = min(best[key], best_seconds(call, repeats))
+        for key, measure in measures.items():
+            reading = measure()
+            best[key] = keep(best[key], reading) if key in best else reading
     return best
