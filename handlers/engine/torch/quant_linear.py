@@ -12,8 +12,9 @@ sums are exact, so every unit gives the same sums, and a row's output never depe
 rows beside it or on which kernel a batch's size chose. A weight-only kernel at one row and an
 int8 GEMM at 32 would give a request alone and the same request in a batch different logits.
 
-The kernel is built like invariant_attention's, on first use, for this CPU: AVX-512 VNNI,
-else AVX2 (vpmaddubsw), else plain C++, each giving the same bits.
+The kernel is built like invariant_attention's, on first use, for this CPU: AVX-512 VNNI (with
+AMX's tile multiplies for whole blocks of 16 rows where the CPU has AMX-INT8), else AVX2
+(vpmaddubsw), else plain C++, each giving the same bits.
 """
 
 from __future__ import annotations
