@@ -24,7 +24,7 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
-#if defined(__AMX_INT8__)
+#if defined(__AVX512VNNI__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -215,13 +215,15 @@ void tile(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &
 }
 #endif
 
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__GNUC__)
 #define LMI_QUANT_AMX 1
 // AMX: blocks of 16 rows, a group at a time: TDPBSUD multiplies the block's int8 inputs (signed)
 // by the tile's weights (unsigned) into int32 sums, as exact as vpdpbusd's; a tile's packed
 // chunks are the B operand's layout as they are (4-bit ones unpacked once per tile). The sums of
 // four groups go through memory together, then take `tile`'s float steps in its order: the
-// same bits. The float steps, not the multiplies, then bound the speed.
+// same bits. The float steps, not the multiplies, then bound the speed. Compiled into every
+// VNNI build (an image's prebuilt ones too) and taken where the CPU has AMX-INT8.
+#define LMI_AMX __attribute__((target("amx-tile,amx-int8")))
 constexpr int64_t AMX_ROWS = 16, AMX_GROUPS = 4;
 
 struct alignas(64) TileConfig {
@@ -232,11 +234,13 @@ struct alignas(64) TileConfig {
 
 bool amx_allowed() {
     // Linux gives a process AMX's tile state only once asked (ARCH_REQ_XCOMP_PERM, XTILEDATA).
-    static const bool allowed = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    static const bool allowed = __builtin_cpu_supports("amx-tile") &&
+                                __builtin_cpu_supports("amx-int8") &&
+                                syscall(SYS_arch_prctl, 0x1023, 18) == 0;
     return allowed;
 }
 
-void amx_configure() {
+LMI_AMX void amx_configure() {
     TileConfig config;  // tiles 0-3: sums, 4-5: inputs, 6-7: weights
     for (int i = 0; i < 4; ++i) config.rows[i] = AMX_ROWS, config.colsb[i] = TILE * 4;
     for (int i = 4; i < 6; ++i) config.rows[i] = AMX_ROWS, config.colsb[i] = GROUP;
@@ -247,7 +251,7 @@ void amx_configure() {
 using GroupSums = int32_t[AMX_GROUPS][AMX_ROWS][TILE];
 
 // The sums of groups g0.. (up to four) of rows row0.. by the 8-bit weights `w`, into `sums`.
-void amx_sums(const uint8_t *w, const Rows &x, int64_t row0, int64_t g0, GroupSums &sums) {
+LMI_AMX void amx_sums(const uint8_t *w, const Rows &x, int64_t row0, int64_t g0, GroupSums &sums) {
     const int64_t count = std::min(AMX_GROUPS, x.groups - g0);
     const int8_t *q = x.q.data() + row0 * x.k + g0 * GROUP;
     // Tile numbers are immediates: one macro per group, inputs and weights in turns.
@@ -263,7 +267,7 @@ void amx_sums(const uint8_t *w, const Rows &x, int64_t row0, int64_t g0, GroupSu
 #undef LMI_AMX_GROUP
 }
 
-void amx_block(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &x,
+LMI_AMX void amx_block(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &x,
                int64_t row0, float *y, int64_t n_total, GroupSums &sums) {
     __m512 acc[AMX_ROWS];
     for (int r = 0; r < AMX_ROWS; ++r) acc[r] = _mm512_setzero_ps();
@@ -295,25 +299,31 @@ void unpack_tile(const uint8_t *w, int64_t groups, uint8_t *out) {
     }
 }
 
-// The first `blocks` x 16 rows by AMX; false where this process may not use it.
+// Tiles begin..end of the first `blocks` x 16 rows, on one thread (tile state is per thread).
+template <int BITS>
+LMI_AMX void amx_tiles(const Rows &x, int64_t blocks, const uint8_t *w, const c10::Half *d,
+                       const c10::Half *m, int64_t tiles, float *y, int64_t begin, int64_t end) {
+    amx_configure();
+    alignas(64) GroupSums sums;
+    std::vector<uint8_t> unpacked(BITS == 4 ? x.groups * 512 : 0);
+    const int64_t tile_bytes = x.groups * (BITS == 4 ? 256 : 512);
+    for (int64_t t = begin; t < end; ++t) {
+        const uint8_t *wt = w + t * tile_bytes;
+        if constexpr (BITS == 4) unpack_tile(wt, x.groups, unpacked.data());
+        for (int64_t b = 0; b < blocks; ++b)
+            amx_block(BITS == 4 ? unpacked.data() : wt, d + t * x.groups * TILE,
+                      m + t * x.groups * TILE, x, b * AMX_ROWS, y + t * TILE, tiles * TILE, sums);
+    }
+    _tile_release();
+}
+
+// The first `blocks` x 16 rows by AMX; false where this CPU or process may not use it.
 template <int BITS>
 bool amx_run(const Rows &x, int64_t blocks, const uint8_t *w, const c10::Half *d,
              const c10::Half *m, int64_t tiles, float *y) {
     if (!amx_allowed()) return false;
-    const int64_t tile_bytes = x.groups * (BITS == 4 ? 256 : 512);
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-        amx_configure();  // tile state is per thread
-        alignas(64) GroupSums sums;
-        std::vector<uint8_t> unpacked(BITS == 4 ? x.groups * 512 : 0);
-        for (int64_t t = begin; t < end; ++t) {
-            const uint8_t *wt = w + t * tile_bytes;
-            if constexpr (BITS == 4) unpack_tile(wt, x.groups, unpacked.data());
-            for (int64_t b = 0; b < blocks; ++b)
-                amx_block(BITS == 4 ? unpacked.data() : wt, d + t * x.groups * TILE,
-                          m + t * x.groups * TILE, x, b * AMX_ROWS, y + t * TILE, tiles * TILE,
-                          sums);
-        }
-        _tile_release();
+        amx_tiles<BITS>(x, blocks, w, d, m, tiles, y, begin, end);
     });
     return true;
 }
