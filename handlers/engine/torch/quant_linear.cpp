@@ -81,6 +81,20 @@ int32_t four_bytes(const int8_t *p) {
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// A group's 16 float16 scales or mins, as float32.
+inline __m512 sixteen(const c10::Half *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+// One row's group added to its 16 outputs: the int32 sums `s` scaled by the weights' scales
+// `dv` times the row's, then the mins `mv` times the row's offset. Every AVX-512 path (VNNI,
+// AMX) takes these steps, in this order, so they give the same bits.
+inline __m512 add_group(__m512 acc, __m512 dv, __m512 mv, __m512i s, const Rows &x, int64_t at) {
+    const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(x.scale[at]));
+    acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc);
+    return _mm512_fmadd_ps(mv, _mm512_set1_ps(x.offset[at]), acc);
+}
+
 // 16 outputs per vector; u8 x s8 products summed by vpdpbusd.
 template <int R, int BITS>
 void tile(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &x, int64_t row0,
@@ -101,18 +115,14 @@ void tile(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &
                 u[c] = _mm512_loadu_si512(wg + 64 * c);
             }
         }
-        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + g * TILE)));
-        const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + g * TILE)));
+        const __m512 dv = sixteen(d + g * TILE), mv = sixteen(m + g * TILE);
         for (int r = 0; r < R; ++r) {
             const int64_t row = row0 + r;
             const int8_t *q = x.q.data() + row * x.k + g * GROUP;
             __m512i s = _mm512_setzero_si512();
             for (int c = 0; c < CHUNKS; ++c)
                 s = _mm512_dpbusd_epi32(s, u[c], _mm512_set1_epi32(four_bytes(q + 4 * c)));
-            const int64_t at = row * x.groups + g;
-            const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(x.scale[at]));
-            acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r]);
-            acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.offset[at]), acc[r]);
+            acc[r] = add_group(acc[r], dv, mv, s, x, row * x.groups + g);
         }
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (row0 + r) * n_total, acc[r]);
@@ -220,7 +230,7 @@ void tile(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &
 // AMX: blocks of 16 rows, a group at a time: TDPBSUD multiplies the block's int8 inputs (signed)
 // by the tile's weights (unsigned) into int32 sums, as exact as vpdpbusd's; a tile's packed
 // chunks are the B operand's layout as they are (4-bit ones unpacked once per tile). The sums of
-// four groups go through memory together, then take `tile`'s float steps in its order: the
+// four groups go through memory together, then take `tile`'s float steps (add_group): the
 // same bits. The float steps, not the multiplies, then bound the speed. Compiled into every
 // VNNI build (an image's prebuilt ones too) and taken where the CPU has AMX-INT8.
 #define LMI_AMX __attribute__((target("amx-tile,amx-int8")))
@@ -268,21 +278,16 @@ LMI_AMX void amx_sums(const uint8_t *w, const Rows &x, int64_t row0, int64_t g0,
 }
 
 LMI_AMX void amx_block(const uint8_t *w, const c10::Half *d, const c10::Half *m, const Rows &x,
-               int64_t row0, float *y, int64_t n_total, GroupSums &sums) {
+                       int64_t row0, float *y, int64_t n_total, GroupSums &sums) {
     __m512 acc[AMX_ROWS];
     for (int r = 0; r < AMX_ROWS; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t g0 = 0; g0 < x.groups; g0 += AMX_GROUPS) {
         amx_sums(w, x, row0, g0, sums);
         for (int64_t g = g0; g < std::min(g0 + AMX_GROUPS, x.groups); ++g) {
-            const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + g * TILE)));
-            const __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + g * TILE)));
-            for (int r = 0; r < AMX_ROWS; ++r) {
-                const int64_t at = (row0 + r) * x.groups + g;
-                const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(x.scale[at]));
-                const __m512i s = _mm512_loadu_si512(sums[g - g0][r]);
-                acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r]);
-                acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.offset[at]), acc[r]);
-            }
+            const __m512 dv = sixteen(d + g * TILE), mv = sixteen(m + g * TILE);
+            for (int r = 0; r < AMX_ROWS; ++r)
+                acc[r] = add_group(acc[r], dv, mv, _mm512_loadu_si512(sums[g - g0][r]), x,
+                                   (row0 + r) * x.groups + g);
         }
     }
     for (int r = 0; r < AMX_ROWS; ++r) _mm512_storeu_ps(y + (row0 + r) * n_total, acc[r]);
