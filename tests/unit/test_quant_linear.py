@@ -135,6 +135,27 @@ def test_gguf_q6_k_runs_at_8_bits_quantized_again_from_its_values():
     assert (error <= step * 0.51).all()
 
 
+def awkward_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x` with the groups whose quantization each build could get wrong: exact halves (ties go
+    to even), all zeros, a negative zero, a NaN (0, and not counted in the max)."""
+    x = x.clone()
+    x[0, :GROUP] = torch.arange(GROUP) - 15.5
+    x[0, 0] = 127.0  # the scale 1: the other elements half-way between two integers
+    x[1, GROUP : 2 * GROUP] = 0.0
+    x[1, 2 * GROUP] = -0.0
+    x[2, 7] = float("nan")
+    return x
+
+
+def test_halves_round_to_even_and_a_nan_input_counts_as_zero():
+    torch.manual_seed(5)
+    weight = from_float(torch.randn(48, 96), 8)
+    x = awkward_rows(torch.randn(4, 96))
+    got = QuantLinear(weight)(x)
+    torch.testing.assert_close(got.double(), llama_cpp_product(x.nan_to_num(0.0), weight),
+                               rtol=1e-5, atol=1e-4)
+
+
 _OTHER_BUILD = textwrap.dedent("""
     import sys, torch
     torch.ops.load_library(sys.argv[1])
@@ -147,7 +168,8 @@ _OTHER_BUILD = textwrap.dedent("""
 def test_vnni_avx2_and_plain_cpp_builds_give_the_same_bits(march, tmp_path):
     """The image's prebuilt VNNI (cascadelake) and AVX2 (x86-64-v3) builds and plain C++
     (x86-64) against this CPU's own (AMX's tiles for 32 of the rows where it has AMX-INT8):
-    integer sums are exact and the float steps the same, so the bits are too."""
+    the inputs quantized alike (awkward_rows), integer sums exact and the float steps the same,
+    so the bits are too."""
     if march != "x86-64" and march not in native_build.runnable_levels():
         pytest.skip(f"this CPU does not run {march}")
     compiler, _ = native_build._compiler()
@@ -157,7 +179,7 @@ def test_vnni_avx2_and_plain_cpp_builds_give_the_same_bits(march, tmp_path):
     torch.manual_seed(3)
     for bits in (4, 8):
         layer = QuantLinear(from_float(torch.randn(64, 160), bits))
-        x = torch.randn(37, 160) * 2
+        x = awkward_rows(torch.randn(37, 160) * 2)
         torch.save((x, layer.weights, layer.scales, layer.mins, bits), tmp_path / "in.pt")
         subprocess.run([sys.executable, "-c", _OTHER_BUILD, str(library), str(tmp_path / "in.pt"),
                         str(tmp_path / "out.pt")], check=True)

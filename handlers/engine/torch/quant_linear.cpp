@@ -45,31 +45,101 @@ struct Rows {
     int64_t k, groups;
 };
 
+// A group of 32 inputs v as int8: q = v * inv rounded to the nearest integer (ties to even), a
+// NaN 0, clamped to +-127, where inv = 127 / max|v| (0 where that is 0 or infinite; NaN inputs
+// do not count towards the max). Each build's quantize_group computes exactly this, in vectors
+// where it has them (a scalar pass took ~2.5 ms of a 32-row step).
+inline float inverse(float amax) {
+    return amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
+}
+
+struct Quantized {
+    float amax;
+    int32_t sum;  // of the group's q
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline Quantized quantize_group(const float *v, int8_t *q) {
+    const __m512 a[2] = {_mm512_loadu_ps(v), _mm512_loadu_ps(v + 16)};
+    __m512 most = _mm512_setzero_ps();
+    for (const __m512 x : a)  // max's second operand is kept where the first is NaN
+        most = _mm512_max_ps(_mm512_abs_ps(x), most);
+    const float amax = _mm512_reduce_max_ps(most);
+    const __m512 inv = _mm512_set1_ps(inverse(amax));
+    __m512i sum = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+        __m512 t = _mm512_mul_ps(a[h], inv);
+        t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(t, t, _CMP_UNORD_Q), _mm512_setzero_ps());
+        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+        const __m512i i = _mm512_cvtps_epi32(t);  // nearest, ties to even (MXCSR's default)
+        _mm_storeu_si128((__m128i *)(q + 16 * h), _mm512_cvtepi32_epi8(i));
+        sum = _mm512_add_epi32(sum, i);
+    }
+    return {amax, _mm512_reduce_add_epi32(sum)};
+}
+#elif defined(__AVX2__)
+inline float max8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline Quantized quantize_group(const float *v, int8_t *q) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 a[4], most = _mm256_setzero_ps();
+    for (int c = 0; c < 4; ++c) {  // max's second operand is kept where the first is NaN
+        a[c] = _mm256_loadu_ps(v + 8 * c);
+        most = _mm256_max_ps(_mm256_andnot_ps(sign, a[c]), most);
+    }
+    const float amax = max8(most);
+    const __m256 inv = _mm256_set1_ps(inverse(amax));
+    __m256i i[4];
+    for (int c = 0; c < 4; ++c) {
+        __m256 t = _mm256_mul_ps(a[c], inv);
+        t = _mm256_blendv_ps(t, _mm256_setzero_ps(), _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+        t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+        i[c] = _mm256_cvtps_epi32(t);  // nearest, ties to even (MXCSR's default)
+    }
+    // Packed per 128-bit lane, then the 4-byte pieces put back in order.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]),
+                                             _mm256_packs_epi32(i[2], i[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(
+                                          bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+    return {amax, _mm_cvtsi128_si32(h)};
+}
+#else
+inline Quantized quantize_group(const float *v, int8_t *q) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float inv = inverse(amax);
+    int32_t sum = 0;
+    for (int64_t i = 0; i < GROUP; ++i) {
+        float t = std::nearbyint(v[i] * inv);
+        t = t != t ? 0.0f : std::clamp(t, -127.0f, 127.0f);
+        q[i] = static_cast<int8_t>(t);
+        sum += q[i];
+    }
+    return {amax, sum};
+}
+#endif
+
 Rows quantize(const float *x, int64_t rows, int64_t k) {
     Rows r{std::vector<int8_t>(rows * k), std::vector<float>(rows * (k / GROUP)),
            std::vector<float>(rows * (k / GROUP)), std::vector<int32_t>(rows * (k / GROUP)), k,
            k / GROUP};
     at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t row = begin; row < end; ++row) {
+        for (int64_t row = begin; row < end; ++row)
             for (int64_t g = 0; g < r.groups; ++g) {
-                const float *v = x + row * k + g * GROUP;
-                float amax = 0.0f;
-                for (int64_t i = 0; i < GROUP; ++i) amax = std::max(amax, std::fabs(v[i]));
-                const float inv = amax > 0.0f && std::isfinite(amax) ? 127.0f / amax : 0.0f;
-                int8_t *q = r.q.data() + row * k + g * GROUP;
-                int32_t sum = 0;
-                for (int64_t i = 0; i < GROUP; ++i) {
-                    float t = std::nearbyint(v[i] * inv);
-                    t = t != t ? 0.0f : std::clamp(t, -127.0f, 127.0f);
-                    q[i] = static_cast<int8_t>(t);
-                    sum += q[i];
-                }
                 const int64_t at = row * r.groups + g;
-                r.scale[at] = amax / 127.0f;
-                r.offset[at] = r.scale[at] * static_cast<float>(sum);
-                r.sum[at] = sum;
+                const Quantized group = quantize_group(x + at * GROUP, r.q.data() + at * GROUP);
+                r.scale[at] = group.amax / 127.0f;
+                r.offset[at] = r.scale[at] * static_cast<float>(group.sum);
+                r.sum[at] = group.sum;
             }
-        }
     });
     return r;
 }
@@ -344,6 +414,7 @@ void run(const Rows &x, int64_t rows, const uint8_t *w, const c10::Half *d, cons
     if (rows >= AMX_ROWS && amx_run<BITS>(x, rows / AMX_ROWS, w, d, m, tiles, y))
         first = rows / AMX_ROWS * AMX_ROWS;
 #endif
+    if (first == rows) return;
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             const uint8_t *wt = w + t * tile_bytes;
