@@ -29,6 +29,7 @@ from bench.prompts import QUESTIONS, chat_prompt
 from bench.report import RESULTS, figure, format_table, progress, write_json
 from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.engine.loop.runner import PrefillChunk
+from handlers.engine.machine import settle_vector_math
 from handlers.engine.torch.loader import LoadedModel, load_model
 from handlers.engine.torch.model_runner import ModelRunner
 from handlers.model_source import default_model_path
@@ -89,6 +90,7 @@ def agreement(answers: list[list[int]], reference: list[list[int]]) -> dict[str,
 
 
 def measure(tokens: int, window: int) -> dict[str, dict]:
+    settle_vector_math()  # as a server does first: else the rotary table's cos varies by start
     results: dict[str, dict] = {}
     reference: list[list[int]] | None = None
     with progress(len(VARIANTS), unit="variant") as bar:

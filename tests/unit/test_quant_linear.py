@@ -61,11 +61,11 @@ def test_a_rows_output_does_not_depend_on_its_batch_or_the_threads(bits):
 def test_quantizing_at_load_keeps_each_weight_within_half_a_step():
     torch.manual_seed(0)
     weight = torch.randn(32, 256)
-    for bits, levels in ((8, 127), (4, 15)):
+    weight[0, :GROUP] = weight[0, :GROUP].abs()  # a group all on one side of 0
+    for bits, levels in ((8, 255), (4, 15)):
         blocks = from_float(weight, bits)
         groups = weight.view(32, -1, GROUP)
-        step = (groups.abs().amax(-1) / levels if bits == 8
-                else (groups.amax(-1) - groups.amin(-1)) / levels)
+        step = (groups.amax(-1) - groups.amin(-1)) / levels
         error = (blocks.dequantize() - weight).view(32, -1, GROUP).abs().amax(-1)
         assert (error <= step * 0.51 + 1e-3 * step).all()
 
@@ -159,17 +159,24 @@ def test_halves_round_to_even_and_a_nan_input_counts_as_zero():
 _OTHER_BUILD = textwrap.dedent("""
     import sys, torch
     torch.ops.load_library(sys.argv[1])
-    x, weights, scales, mins, bits = torch.load(sys.argv[2])
-    torch.save(torch.ops.lmi_quant.quant_linear(x, weights, scales, mins, bits), sys.argv[3])
+    ops = torch.ops.lmi_quant
+    x, weights, scales, mins, bits, norm, y, y_norm = torch.load(sys.argv[2])
+    torch.save([ops.quant_linear(x, weights, scales, mins, bits),
+                ops.quant_linear(x, weights, scales, mins, bits, norm, 1e-5),
+                ops.rms_norm(y, y_norm, 1e-5)], sys.argv[3])
 """)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.lmi_quant.rms_norm(x, weight, 1e-5)
 
 
 @pytest.mark.parametrize("march", ["cascadelake", "x86-64-v3", "x86-64"])
 def test_vnni_avx2_and_plain_cpp_builds_give_the_same_bits(march, tmp_path):
     """The image's prebuilt VNNI (cascadelake) and AVX2 (x86-64-v3) builds and plain C++
     (x86-64) against this CPU's own (AMX's tiles for 32 of the rows where it has AMX-INT8):
-    the inputs quantized alike (awkward_rows), integer sums exact and the float steps the same,
-    so the bits are too."""
+    the inputs quantized alike (awkward_rows), integer sums exact, the float steps and the
+    norms' sums in one order, so the bits are the same."""
     if march != "x86-64" and march not in native_build.runnable_levels():
         pytest.skip(f"this CPU does not run {march}")
     compiler, _ = native_build._compiler()
@@ -180,7 +187,29 @@ def test_vnni_avx2_and_plain_cpp_builds_give_the_same_bits(march, tmp_path):
     for bits in (4, 8):
         layer = QuantLinear(from_float(torch.randn(64, 160), bits))
         x = awkward_rows(torch.randn(37, 160) * 2)
-        torch.save((x, layer.weights, layer.scales, layer.mins, bits), tmp_path / "in.pt")
+        norm, y, y_norm = torch.rand(160) + 0.5, torch.randn(5, 100), torch.rand(100) + 0.5
+        torch.save((x, layer.weights, layer.scales, layer.mins, bits, norm, y, y_norm),
+                   tmp_path / "in.pt")
         subprocess.run([sys.executable, "-c", _OTHER_BUILD, str(library), str(tmp_path / "in.pt"),
                         str(tmp_path / "out.pt")], check=True)
-        assert torch.equal(torch.load(tmp_path / "out.pt"), layer(x))
+        plain, normed, alone = torch.load(tmp_path / "out.pt")
+        assert torch.equal(plain, layer(x))
+        assert torch.equal(normed, layer(rms_norm(x, norm)))
+        assert torch.equal(alone, rms_norm(y, y_norm))
+
+
+@pytest.mark.parametrize("width", [576, 100])
+def test_the_norm_is_rmsnorm_and_a_rows_norm_is_its_own(width):
+    """torch's RMSNorm within float32's rounding (its sums run in another order), each row's
+    the same bits alone as in a batch; a layer given the norm computes it the same way."""
+    torch.manual_seed(width)
+    x, weight = torch.randn(33, width) * 3, torch.rand(width) + 0.5
+    together = rms_norm(x, weight)
+    torch.testing.assert_close(together, torch.nn.functional.rms_norm(x, (width,), weight, 1e-5),
+                               rtol=1e-6, atol=1e-6)
+    assert all(torch.equal(rms_norm(x[i : i + 1], weight)[0], together[i]) for i in range(33))
+    if width % GROUP == 0:
+        layer = QuantLinear(from_float(torch.randn(32, width), 4))
+        norm = torch.nn.RMSNorm(width, eps=1e-5)
+        norm.weight.data, norm.variance_epsilon = weight, 1e-5
+        assert torch.equal(layer(x, norm), layer(together))

@@ -43,7 +43,6 @@ from handlers.engine.torch import (
     graph_constants,
     graph_runner,
     invariant_attention,
-    row_norm,
 )
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
 from handlers.engine.torch.llama_model import is_llama
@@ -58,7 +57,7 @@ MEMORY_FACTOR = 6
 _EXIT_GRACE_S = 60  # how long a compile that left every graph may take to exit
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
          "invariant_attention.py", "fused_projections.py", "graph_constants.py",
-         "quant_linear.py", "quant_linear.cpp", "row_norm.py", "row_norm.cpp")
+         "quant_linear.py", "quant_linear.cpp")
 Graph = Callable[..., torch.Tensor]
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -117,11 +116,9 @@ class DecodeGraphs:
 
     def _run(self) -> None:
         try:
-            # The ops the graphs call, registered before the graphs load (quantized linears
-            # load with the model; only their graphs call the final norm's op).
+            # The ops the graphs call, registered before the graphs load (the quantized
+            # linears' and norms' load with the model).
             invariant_attention.available()
-            if self._job["quantize"] != "none":
-                row_norm.available()
             pending = [spec for spec in self._specs if not self._load_cached(spec)]
             if pending:
                 self._compile(pending)

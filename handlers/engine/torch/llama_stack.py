@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn.functional import rms_norm
 
-from handlers.engine.torch import row_norm
+from handlers.engine.torch import quant_linear
 from handlers.engine.torch.attention import slot_cache_attention
 from handlers.engine.torch.fused_projections import ProjectionPart
 from handlers.engine.torch.kv_cache import SlotKVCache
@@ -58,9 +58,9 @@ class LlamaStack:
                        for layer in decoder.layers[: model.config.num_hidden_layers]]
         self.rotary = _RotaryTable.of(decoder.rotary_emb, positions, model.dtype, model.device)
         # Over quantized linears an eager and a compiled pass must round alike: their norms
-        # run torch's kernel in both (QuantLinear.forward, row_norm.py).
+        # run the quantized linears' kernel in both (QuantLinear.forward).
         self.exact_norms = any(isinstance(m, QuantLinear) for m in model.modules()) \
-            and model.dtype == torch.float32 and row_norm.available()
+            and model.dtype == torch.float32
 
     @staticmethod
     def of(model: nn.Module, positions: int) -> LlamaStack | None:
@@ -99,18 +99,18 @@ class LlamaStack:
 
     def _project(self, linear: nn.Module, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """`linear`(`norm`(x)); a quantized linear computes the norm in its own op (a LoRA-
-        wrapped one reads the norm's output too: torch's op first, the same kernel)."""
+        wrapped one reads the norm's output too: the same kernel first)."""
         if self.exact_norms and isinstance(linear, QuantLinear):
             return linear(x, norm)
-        return linear(self._rms_norm(norm, x, opaque=False))
+        return linear(self._rms_norm(norm, x))
 
-    def _rms_norm(self, norm: nn.Module, x: torch.Tensor, opaque: bool = True) -> torch.Tensor:
+    def _rms_norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The model's RMSNorm; in float32 one op (torch's gives the same bits in fewer calls),
-        over quantized linears one a compiled step cannot rewrite (row_norm.py)."""
+        over quantized linears theirs, which a compiled step cannot rewrite."""
         if x.dtype != torch.float32:
             return norm(x)
-        if self.exact_norms and opaque:
-            return row_norm.rms_norm(x, norm.weight, norm.variance_epsilon)
+        if self.exact_norms:
+            return quant_linear.rms_norm(x, norm)
         return rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 

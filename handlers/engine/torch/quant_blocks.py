@@ -3,8 +3,8 @@ w = d * u + m, with u an unsigned integer (0..15 or 0..255) and, per output and 
 and a min m (float16, as GGUF stores them).
 
 GGUF's types map onto this as they are (gguf_blocks.py): Q4_0 (m = -8d), Q4_1, Q8_0 (u = q + 128,
-m = -128d). A float checkpoint is quantized at load by `from_float`: 8 bits symmetric per group
-(Q8_0's rule), 4 bits with a min per group (Q4_1's rule).
+m = -128d). A float checkpoint is quantized at load by `from_float`: 4 or 8 bits between each
+group's min and max (Q4_1's rule).
 """
 
 from __future__ import annotations
@@ -42,19 +42,16 @@ class QuantizedWeight:
 
 
 def from_float(weight: torch.Tensor, bits: int) -> QuantizedWeight:
-    """`weight` [out, in] quantized in groups of 32: 8 bits symmetric (d = max|w| / 127, as
-    Q8_0), 4 bits between each group's min and max (as Q4_1). The scale is rounded to float16
-    before the values are computed from it, so they agree with what the kernel multiplies."""
+    """`weight` [out, in] quantized in groups of 32 between each group's min and max, as Q4_1
+    (4 bits) and in 8 bits the same way (a step of (max - min) / 255, never coarser than Q8_0's
+    symmetric max|w| / 127). The scale and min are rounded to float16 before the values are
+    computed from them, so they agree with what the kernel multiplies."""
+    if bits not in LEVELS:
+        raise ValueError(f"bits must be 4 or 8, not {bits}")
     out, size = weight.shape
     w = weight.detach().float().reshape(out, size // GROUP, GROUP)
-    if bits == 8:
-        scales = (w.abs().amax(-1) / 127).half()
-        mins = (scales.float() * -128).half()  # exact: a power of two
-    elif bits == 4:
-        low, high = w.amin(-1), w.amax(-1)
-        scales, mins = ((high - low) / LEVELS[4]).half(), low.half()
-    else:
-        raise ValueError(f"bits must be 4 or 8, not {bits}")
+    low, high = w.amin(-1), w.amax(-1)
+    scales, mins = ((high - low) / LEVELS[bits]).half(), low.half()
     d, m = scales.float()[..., None], mins.float()[..., None]
     u = torch.where(d > 0, torch.round((w - m) / torch.where(d > 0, d, 1)), 0)
     values = u.clamp(0, LEVELS[bits]).to(torch.uint8).reshape(out, size)

@@ -60,8 +60,8 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """`x`'s outputs; with `norm` (an RMSNorm), those of `norm(x)`, the norm computed in
-        the op by torch's own kernel: a compiled step, where inductor would generate the norm
-        itself and sum a row's squares in another order, then gives the eager pass's bits,
+        the op (as `rms_norm` computes it): a compiled step, where inductor would generate the
+        norm itself and sum a row's squares in another order, then gives the eager pass's bits,
         which the int8 rounding of the inputs would otherwise turn into different logits."""
         if x.dtype not in (torch.float32, torch.bfloat16):
             return self(x.float(), norm).to(x.dtype)
@@ -130,14 +130,27 @@ def unpack(weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                            per_output(mins), bits)
 
 
+def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """`norm` (an RMSNorm) of `x` as the quantized linears compute it in their op: over
+    quantized linears every norm of an eager pass and of a compiled step runs this kernel, so
+    both give a row the same bits (QuantLinear.forward says why that matters)."""
+    return torch.ops.lmi_quant.rms_norm(x, norm.weight, norm.variance_epsilon)
+
+
 @functools.cache
 def available() -> bool:
     """Whether the kernel is loaded (built on first use, once per process)."""
     return native_build.load(SOURCE, "quantized weights are served dequantized to float",
-                             {"lmi_quant::quant_linear": _shape})
+                             {"lmi_quant::quant_linear": _shape,
+                              "lmi_quant::rms_norm": _norm_shape})
 
 
 def _shape(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
            bits: int, norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """What torch.export traces the op as: [..., out] in the input's dtype."""
     return x.new_empty((*x.shape[:-1], weights.shape[0] * TILE))
+
+
+def _norm_shape(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """What torch.export traces the norm as: `x`'s shape and dtype."""
+    return torch.empty_like(x)
