@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import logging
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from handlers.engine import native_build
 from handlers.engine.torch import attention, invariant_attention
 from handlers.engine.torch.invariant_attention import available, slot_attention
 
@@ -98,6 +102,44 @@ def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache, size, dt
         finally:
             torch.set_num_threads(threads)
         assert torch.equal(alone, crowd), (seen, rows, width, row, place, length)
+
+
+_OTHER_BUILD = textwrap.dedent("""
+    import sys, torch
+    torch.ops.load_library(sys.argv[1])
+    passes = torch.load(sys.argv[2])
+    torch.save([torch.ops.lmi.slot_attention(*p, 0.125) for p in passes], sys.argv[3])
+""")
+
+
+@pytest.mark.parametrize("march", ["cascadelake", "x86-64-v3"])
+def test_the_avx512_and_avx2_builds_give_the_same_bits(march, tmp_path):
+    """An image's prebuilt AVX-512 and AVX2 levels against this CPU's own build, float32
+    queries over float32 and bf16 caches: decoding's passes and prefills (head sizes of whole
+    64s, and of 16s and 8s left over). AVX2's registers hold half a vector and take their own
+    code, which adds each lane's products and folds in the same order. (Plain x86-64 has no
+    FMA, so its products round before they are added; bf16 queries over a bf16 cache take
+    AVX512-BF16's pairs where the CPU has them.)"""
+    if march not in native_build.runnable_levels():
+        pytest.skip(f"this CPU does not run {march}")
+    compiler, _ = native_build._compiler()
+    library = tmp_path / "libinvariant_attention.so"
+    subprocess.run([compiler, str(invariant_attention.SOURCE), "-o", str(library),
+                    *native_build.flags(march)], check=True, capture_output=True)
+    torch.manual_seed(4)
+    passes = []
+    for cache in (torch.float32, torch.bfloat16):
+        k, v = (torch.randn(5, 3, 300, 64).to(cache) for _ in range(2))
+        passes.append((torch.randn(5, 9, 1, 64), k, v, torch.randint(1, 301, (5, 1))))
+        for size in (64, 80, 40):
+            k, v = (torch.randn(3, 3, 200, size).to(cache) for _ in range(2))
+            counts = torch.arange(161, 201).repeat(3, 1) - torch.tensor([[0], [37], [90]])
+            passes.append((torch.randn(3, 9, 40, size), k, v, counts))
+    torch.save(passes, tmp_path / "in.pt")
+    subprocess.run([sys.executable, "-c", _OTHER_BUILD, str(library), str(tmp_path / "in.pt"),
+                    str(tmp_path / "out.pt")], check=True)
+    for p, theirs in zip(passes, torch.load(tmp_path / "out.pt"), strict=True):
+        assert torch.equal(theirs, slot_attention(*p, 0.125))
 
 
 def test_without_a_compiler_attention_stays_on_sdpa_over_a_float32_cache(monkeypatch, caplog):

@@ -18,7 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -29,6 +29,27 @@ typedef int32_t i16 __attribute__((vector_size(64)));
 const int64_t TILE = 16;   // keys one score vector holds
 const int64_t BLOCK = 16;  // queries of a row one task computes
 const int64_t AHEAD = 2;   // tiles of keys asked for ahead of the one scored
+// A vector register's floats, and how many registers of sums per pair weighted_alike holds over
+// all the keys: 4 x 16 fill half of AVX-512's 32 registers, 2 x 8 under half of AVX2's 16. GCC
+// builds 64-byte vectors from two 32-byte registers on AVX2 but moves them through memory in
+// loops like that one, several times slower.
+#ifdef __AVX512F__
+typedef float vreg __attribute__((vector_size(64)));
+const int SPAN = 4;
+#elif defined(__AVX2__)
+typedef float vreg __attribute__((vector_size(32)));
+const int SPAN = 2;
+#else
+typedef float vreg __attribute__((vector_size(16)));
+const int SPAN = 2;
+#endif
+const int64_t REG = sizeof(vreg) / sizeof(float);
+
+inline vreg load_reg(const float *p) {
+    vreg v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+}
 
 inline v16 load(const float *p) {
     v16 v;
@@ -52,6 +73,49 @@ inline v16 load16(const at::BFloat16 *p) {  // bfloat16 is the upper half of a f
 
 // Two vectors' lanes folded in half, in 16/(2*width) groups: a group's first half holds
 // a[l] + a[l + width] for a's lanes l of the group, its second half the same for c.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// AVX2 holds a vector of 16 floats in two registers, where GCC builds the folds' shuffles from
+// single elements and passes the vectors through memory: dot products keep their 16 lanes as
+// the two registers, folded register by register. Each lane's sum is the same (hadd's
+// a[l] + a[l + 1] too: float addition commutes), so the bits are every other build's.
+struct Lanes16 {
+    __m256 low, high;  // lanes 0-7, 8-15
+};
+
+inline Lanes16 load_lanes(const float *p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+
+inline Lanes16 multiply_add(Lanes16 q, Lanes16 k, Lanes16 acc) {
+    return {_mm256_fmadd_ps(q.low, k.low, acc.low), _mm256_fmadd_ps(q.high, k.high, acc.high)};
+}
+
+inline v16 as_v16(Lanes16 x) {
+    v16 v;
+    std::memcpy(&v, &x.low, 32);
+    std::memcpy(reinterpret_cast<char *>(&v) + 32, &x.high, 32);
+    return v;
+}
+
+template <int width>  // one register of fold<width>(a, c) from the same register of a and of c
+inline __m256 fold_register(__m256 a, __m256 c) {
+    if constexpr (width == 4)
+        return _mm256_add_ps(_mm256_permute2f128_ps(a, c, 0x20),
+                             _mm256_permute2f128_ps(a, c, 0x31));
+    if constexpr (width == 2) {
+        __m256d a2 = _mm256_castps_pd(a), c2 = _mm256_castps_pd(c);
+        return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a2, c2)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(a2, c2)));
+    }
+    return _mm256_permute_ps(_mm256_hadd_ps(a, c), 0xD8);  // width 1: lanes 0, 2, 1, 3
+}
+
+template <int width>
+inline Lanes16 fold(Lanes16 a, Lanes16 c) {
+    if constexpr (width == 8)
+        return {_mm256_add_ps(a.low, a.high), _mm256_add_ps(c.low, c.high)};
+    else
+        return {fold_register<width>(a.low, c.low), fold_register<width>(a.high, c.high)};
+}
+#else
 template <int width>
 inline v16 fold(v16 a, v16 c) {
     static const int round = width == 8 ? 0 : width == 4 ? 1 : width == 2 ? 2 : 3;
@@ -67,6 +131,15 @@ inline v16 fold(v16 a, v16 c) {
         {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
     return __builtin_shuffle(a, c, first[round]) + __builtin_shuffle(a, c, second[round]);
 }
+
+typedef v16 Lanes16;
+
+inline v16 load_lanes(const float *p) { return load(p); }
+
+inline v16 multiply_add(v16 q, v16 k, v16 acc) { return acc + q * k; }  // contracted: an FMA
+
+inline v16 as_v16(v16 x) { return x; }
+#endif
 
 inline float widen(float x) { return x; }
 
@@ -142,35 +215,42 @@ inline const float *key_rows(const at::BFloat16 *k, int64_t j0, int64_t count, i
 }
 
 // lane i % 16 of a (query, key) dot product: its elements i, i + 16, ... in order.
-inline v16 lanes(const v16 *q, const float *key, int64_t chunks) {
-    v16 acc = {};
-    for (int64_t c = 0; c < chunks; c++) acc += q[c] * load(key + 16 * c);
+inline Lanes16 lanes(const Lanes16 *q, const float *key, int64_t chunks) {
+    Lanes16 acc = {};
+    for (int64_t c = 0; c < chunks; c++) acc = multiply_add(q[c], load_lanes(key + 16 * c), acc);
     return acc;
+}
+
+// The node of fold_keys' tree over the keys in places first..first + 16 / width - 1 of its
+// bit-reversed order, its two halves folded first.
+template <int width, typename Lanes>
+inline auto folded(Lanes &lanes_of, int first) {
+    static const int reversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    if constexpr (width == 8)
+        return fold<8>(lanes_of(reversed[first]), lanes_of(reversed[first + 1]));
+    else
+        return fold<width>(folded<width * 2>(lanes_of, first),
+                           folded<width * 2>(lanes_of, first + 8 / width));
 }
 
 // 16 keys' dot products from their lane vectors (`lanes_of(j)`: key j's partial sums): each
 // key's 16 lanes summed in one tree (l with l + 8, then + 4, + 2, + 1), the keys taken in
-// bit-reversed order so that the folds leave key j in lane j.
+// bit-reversed order so that the folds leave key j in lane j. Depth first, so that few partial
+// folds wait at a time (AVX2's 16 registers hold them).
 template <typename Lanes>
 inline v16 fold_keys(Lanes lanes_of) {
-    static const int reversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-    v16 eighths[8], quarters[4], halves[2];
-    for (int m = 0; m < 8; m++)
-        eighths[m] = fold<8>(lanes_of(reversed[2 * m]), lanes_of(reversed[2 * m + 1]));
-    for (int m = 0; m < 4; m++) quarters[m] = fold<4>(eighths[2 * m], eighths[2 * m + 1]);
-    for (int m = 0; m < 2; m++) halves[m] = fold<2>(quarters[2 * m], quarters[2 * m + 1]);
-    return fold<1>(halves[0], halves[1]);
+    return as_v16(folded<1>(lanes_of, 0));
 }
 
 // One query's dot products with 16 float32 key rows (fold_keys); elements past the last whole
 // 16 added after, in order.
 inline v16 dots(const float *q, const float *rows, int64_t d) {
     int64_t chunks = d / 16;
-    v16 qv[16];  // d <= 256
-    for (int64_t c = 0; c < chunks; c++) qv[c] = load(q + 16 * c);
+    Lanes16 qv[16];  // d <= 256
+    for (int64_t c = 0; c < chunks; c++) qv[c] = load_lanes(q + 16 * c);
     v16 sum = fold_keys([&](int j) { return lanes(qv, rows + j * d, chunks); });
-    for (int64_t i = chunks * 16; i < d; i++)
-        for (int64_t j = 0; j < TILE; j++) sum[j] += q[i] * rows[j * d + i];
+    for (int64_t i = chunks * 16; i < d; i++)  // std::fma: GCC fused `+= *` here in some builds
+        for (int64_t j = 0; j < TILE; j++) sum[j] = std::fma(q[i], rows[j * d + i], sum[j]);
     return sum;
 }
 
@@ -298,42 +378,45 @@ void weighted(const C *v, const int64_t *counts, int64_t pairs, int64_t group, i
             const float *weights = room.scores.get() + p * keys + j0;
             float *sum = room.sums.get() + p * d;
             int64_t i = 0;
-            for (; i + 64 <= d; i += 64) {  // four vectors of sums in registers
-                v16 acc[4];
-                for (int c = 0; c < 4; c++) acc[c] = load(sum + i + 16 * c);
+            for (; i + 64 <= d; i += 64) {  // 64 sums in registers
+                vreg acc[64 / REG];
+                for (int c = 0; c < 64 / REG; c++) acc[c] = load_reg(sum + i + REG * c);
                 for (int64_t j = 0; j < upto; j++)
-                    for (int c = 0; c < 4; c++)
-                        acc[c] += weights[j] * load(values + j * d + i + 16 * c);
-                for (int c = 0; c < 4; c++) std::memcpy(sum + i + 16 * c, &acc[c], 64);
+                    for (int c = 0; c < 64 / REG; c++)
+                        acc[c] += weights[j] * load_reg(values + j * d + i + REG * c);
+                for (int c = 0; c < 64 / REG; c++)
+                    std::memcpy(sum + i + REG * c, &acc[c], sizeof(vreg));
             }
-            for (; i + 16 <= d; i += 16) {
-                v16 acc = load(sum + i);
-                for (int64_t j = 0; j < upto; j++) acc += weights[j] * load(values + j * d + i);
-                std::memcpy(sum + i, &acc, 64);
+            for (; i + REG <= d; i += REG) {
+                vreg acc = load_reg(sum + i);
+                for (int64_t j = 0; j < upto; j++) acc += weights[j] * load_reg(values + j * d + i);
+                std::memcpy(sum + i, &acc, sizeof(vreg));
             }
-            for (; i < d; i++)
-                for (int64_t j = 0; j < upto; j++) sum[i] += weights[j] * values[j * d + i];
+            for (; i < d; i++)  // std::fma: as the vectors above, in every build
+                for (int64_t j = 0; j < upto; j++)
+                    sum[i] = std::fma(weights[j], values[j * d + i], sum[i]);
         }
     }
 }
 
 // The weighted sums of `pairs` pairs (at most 4) that see the same n keys, for d a multiple of
-// 64: 64 elements at a time, held in registers over all the keys, each value row widened once
+// 64: REG * SPAN elements at a time, held in registers over all the keys, each value row widened once
 // for all the pairs. The same arithmetic, key by key, as `weighted` (decoding's case: one query
 // a task).
 template <int pairs>
 void weighted_alike(const float *v, int64_t n, int64_t d, int64_t keys, const float *weights,
                     float *sums) {
-    for (int64_t i = 0; i < d; i += 64) {
-        v16 acc[pairs][4] = {};
+    for (int64_t i = 0; i < d; i += REG * SPAN) {
+        vreg acc[pairs][SPAN] = {};
         for (int64_t j = 0; j < n; j++) {
-            v16 row[4];
-            for (int c = 0; c < 4; c++) row[c] = load(v + j * d + i + 16 * c);
+            vreg row[SPAN];
+            for (int c = 0; c < SPAN; c++) row[c] = load_reg(v + j * d + i + REG * c);
             for (int p = 0; p < pairs; p++)
-                for (int c = 0; c < 4; c++) acc[p][c] += weights[p * keys + j] * row[c];
+                for (int c = 0; c < SPAN; c++) acc[p][c] += weights[p * keys + j] * row[c];
         }
         for (int p = 0; p < pairs; p++)
-            for (int c = 0; c < 4; c++) std::memcpy(sums + p * d + i + 16 * c, &acc[p][c], 64);
+            for (int c = 0; c < SPAN; c++)
+                std::memcpy(sums + p * d + i + REG * c, &acc[p][c], sizeof(vreg));
     }
 }
 
