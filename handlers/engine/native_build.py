@@ -16,7 +16,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -115,12 +115,12 @@ def load(source: Path, without: str, fakes: Mapping[str, Callable] | None = None
     return True
 
 
-def prebuild() -> list[Path]:
-    """Every kernel of the package built for each level (an image's build step)."""
+def prebuild(levels: Iterable[str] = tuple(LEVELS)) -> list[Path]:
+    """Every kernel of the package built for each of `levels` (an image's build step: all)."""
     compiler, version = _compiler()
     sources = sorted(Path(__file__).resolve().parents[1].rglob("*.cpp"))
     return [_compile(source, compiler, _library(source, compiler, version, level), level)
-            for source in sources for level in LEVELS]
+            for source in sources for level in levels]
 
 
 if __name__ == "__main__":
