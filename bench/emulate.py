@@ -67,9 +67,9 @@ def prepare(kind: str) -> dict[str, str]:
     os.environ["LMI_CACHE_DIR"] = str(cache)
     native_build.prebuild([level])
     env = {**os.environ, **limits}
-    shim = cache / "refuse_amx.so"
-    if not shim.exists():
-        source = cache / "refuse_amx.c"
+    source, shim = cache / "refuse_amx.c", cache / "refuse_amx.so"
+    built = shim.exists() and source.exists() and source.read_text() == REFUSE_AMX
+    if not built:  # or built from an older text
         source.write_text(REFUSE_AMX)
         subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", str(source), "-o",
                         str(shim), "-ldl"], check=True)
