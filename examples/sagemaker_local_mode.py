@@ -53,7 +53,8 @@ def main() -> None:
                              serializer=JSONSerializer(), deserializer=JSONDeserializer())
     try:
         body = {"inputs": PROMPT, "parameters": {"max_new_tokens": args.max_new_tokens}}
-        print("predict:", json.dumps(predictor.predict(body)))
+        # One string per print: local mode copies the container's log to this stdout from a thread.
+        print(f"predict: {json.dumps(predictor.predict(body))}")
         runtime = boto3.client("sagemaker-runtime", endpoint_url="http://localhost:8080",
                                region_name=session.boto_region_name,
                                config=Config(signature_version=UNSIGNED))
@@ -61,7 +62,7 @@ def main() -> None:
             EndpointName=predictor.endpoint_name, ContentType="application/json",
             Body=json.dumps({**body, "stream": True}))
         lines = list(json_lines(LineIterator(response["Body"])))
-        print("stream:", json.dumps(lines[-1]), f"({len(lines)} lines)")
+        print(f"stream: {json.dumps(lines[-1])} ({len(lines)} lines)")
     finally:
         predictor.delete_endpoint()
 
