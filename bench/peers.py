@@ -32,6 +32,8 @@ from bench.workloads import poisson_trace
 from handlers.engine.machine import cpu_flags
 
 PARAMETERS = 134_515_008  # SmolLM2-135M's, for the bounds
+# Its step's linear layers (in, out features): 30 x (q/k/v, o, gate/up, down), the LM head.
+LAYERS = [(576, 960), (576, 576), (576, 3072), (1536, 576)] * 30 + [(576, 49_152)]
 KV_CACHE_BYTES = 4 << 30  # what our vllm engine gives vLLM's CPU build; vLLM's server too
 
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
                        for measured in run(peer, python, plan, args)]
             save(doc, args.out, stamp)  # so far: a run cut short keeps what it measured
     machine["probes"] = [machine["bounds"], probes.bounds(PARAMETERS, args.threads,
-                                                          _gguf_bytes())]
+                                                          _gguf_bytes(), LAYERS)]
     machine["bounds"] = probes.highest(*machine["probes"])  # before and after the peers
     print()
     print(peer_table(doc))
@@ -123,7 +125,7 @@ def machine_info(threads: int) -> dict[str, Any]:
     wanted = ("avx2", "avx_vnni", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16",
               "amx_int8")
     return {"cpu": cpu, "flags": [f for f in wanted if f" {f}" in flags], "threads": threads,
-            "bounds": probes.bounds(PARAMETERS, threads, _gguf_bytes())}
+            "bounds": probes.bounds(PARAMETERS, threads, _gguf_bytes(), LAYERS)}
 
 
 def _gguf_bytes() -> int:

@@ -6,9 +6,17 @@ tokens per second; a batch costs ~2 operations per parameter per token, so no le
 matmul operations/s / (2 x parameters). The int8 bound is oneDNN's int8 GEMM (`torch._int_mm`:
 VNNI, or AMX where the CPU has it), the rate the quantized linears' int8 dot products could
 reach; the one-stream bound of quantized weights is bandwidth / the GGUF's bytes.
+
+Those square 1024 x 1024 products are the peaks. A 32-stream decode step multiplies 32 rows by
+each layer's weights, too few rows for a GEMM to reach them (on an AMX Xeon oneDNN's int8 GEMM
+ran the model's own layers at 32 rows at 14% of its square rate), so the same GEMM is also timed
+on the model's layers at 32 rows: the rate a step of plain int8 products, with no scales at all,
+could reach there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -36,20 +44,38 @@ def int8_ops(n: int = 1024) -> float:
     return 2 * n**3 / fastest(5, lambda: torch._int_mm(a, b))
 
 
+def int8_ops_on(layers: Sequence[tuple[int, int]], rows: int) -> float:
+    """Integer operations/s of oneDNN's int8 GEMM over `layers` (in, out features each), one
+    after another as a step runs them, `rows` rows each."""
+    pairs = [(torch.randint(-127, 128, (rows, k), dtype=torch.int8),
+              torch.randint(-127, 128, (k, n), dtype=torch.int8)) for k, n in layers]
+
+    def step() -> None:
+        for a, b in pairs:
+            torch._int_mm(a, b)
+
+    step()
+    return sum(2 * rows * k * n for k, n in layers) / fastest(5, step)
+
+
 def highest(*probed: dict[str, float]) -> dict[str, float]:
     """Each bound at its highest over several probes: a machine whose speed varies (a shared
     host) is judged against what it showed it can do."""
     return {key: max(run[key] for run in probed) for key in probed[0]}
 
 
-def bounds(parameters: int, threads: int, quantized_bytes: int) -> dict[str, float]:
+def bounds(parameters: int, threads: int, quantized_bytes: int,
+           layers: Sequence[tuple[int, int]]) -> dict[str, float]:
     """The probes, and the token rates they bound for a model of `parameters` whose quantized
-    weights take `quantized_bytes`."""
+    weights take `quantized_bytes` and whose step multiplies by `layers` (in, out features)."""
     torch.set_num_threads(threads)
     bandwidth = read_bandwidth()
     flops = {"float32": matmul_flops(torch.float32), "bfloat16": matmul_flops(torch.bfloat16)}
     int8 = int8_ops()
+    int8_32 = int8_ops_on(layers, 32)
     return {
+        "int8_32_rows_gop_s": int8_32 / 1e9,
+        "batch_int8_32_rows_tok_s": int8_32 / (2 * sum(k * n for k, n in layers)),
         "int8_gop_s": int8 / 1e9,
         "one_stream_quantized_tok_s": bandwidth / quantized_bytes,
         "batch_int8_tok_s": int8 / (2 * parameters),

@@ -219,12 +219,14 @@ def peer_table(doc: dict[str, Any]) -> str:
     lines.append(f"\nmachine: {doc['machine']['cpu']} {doc['machine']['flags']}, "
                  f"{doc['machine']['threads']} threads; read {bounds['read_gb_s']:.1f} GB/s, "
                  f"fp32 {bounds['fp32_gflop_s']:.0f} / bf16 {bounds['bf16_gflop_s']:.0f} GFLOP/s"
-                 f", int8 {bounds.get('int8_gop_s', 0):.0f} GOP/s; bounds: 1 stream "
+                 f", int8 {bounds.get('int8_gop_s', 0):.0f} GOP/s (at 32 rows of the model's "
+                 f"layers {bounds.get('int8_32_rows_gop_s', 0):.0f}); bounds: 1 stream "
                  f"{bounds['one_stream_fp32_tok_s']:.0f} (fp32) / "
                  f"{bounds['one_stream_bf16_tok_s']:.0f} (bf16) / "
                  f"{bounds.get('one_stream_quantized_tok_s', 0):.0f} (GGUF) tok/s, batches "
                  f"{bounds['batch_fp32_tok_s']:.0f} / {bounds['batch_bf16_tok_s']:.0f} / "
-                 f"{bounds.get('batch_int8_tok_s', 0):.0f} (int8) tok/s")
+                 f"{bounds.get('batch_int8_tok_s', 0):.0f} (int8) / "
+                 f"{bounds.get('batch_int8_32_rows_tok_s', 0):.0f} (int8 at 32 rows) tok/s")
     lines += [f"skipped {peer}: {why}" for peer, why in doc["skipped"].items()]
     return "\n".join(lines)
 

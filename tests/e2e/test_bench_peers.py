@@ -62,3 +62,17 @@ def test_the_bounds_are_the_highest_each_probe_found():
     last = {"read_gb_s": 28.7, "bf16_gflop_s": 426.0, "batch_bf16_tok_s": 1584.0}
     assert probes.highest(first, last) == {"read_gb_s": 31.0, "bf16_gflop_s": 426.0,
                                            "batch_bf16_tok_s": 1584.0}
+
+
+def test_the_bounds_count_the_embedded_models_own_parameters_and_layers():
+    from torch import nn
+
+    from bench.peers import LAYERS, PARAMETERS
+    from handlers.engine.torch.loader import load_model
+    from handlers.model_source import default_model_path
+
+    model = load_model(default_model_path(), dtype="fp32", device="cpu", quantize="none").model
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert sum(p.numel() for p in model.parameters()) == PARAMETERS
+    assert len(LAYERS) == len(linears) - 3 * 30  # a layer's q/k/v as one, its gate/up as one
+    assert sum(k * n for k, n in LAYERS) == sum(m.weight.numel() for m in linears)
