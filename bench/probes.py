@@ -37,13 +37,6 @@ def matmul_flops(dtype: torch.dtype, n: int = 1024) -> float:
     return 2 * n**3 / fastest(5, lambda: torch.matmul(a, b))
 
 
-def int8_ops(n: int = 1024) -> float:
-    """Integer operations/s of an n x n by n x n int8 matmul (int32 sums)."""
-    a, b = (torch.randint(-127, 128, (n, n), dtype=torch.int8) for _ in range(2))
-    torch._int_mm(a, b)
-    return 2 * n**3 / fastest(5, lambda: torch._int_mm(a, b))
-
-
 def int8_ops_on(layers: Sequence[tuple[int, int]], rows: int) -> float:
     """Integer operations/s of oneDNN's int8 GEMM over `layers` (in, out features each), one
     after another as a step runs them, `rows` rows each."""
@@ -71,7 +64,7 @@ def bounds(parameters: int, threads: int, quantized_bytes: int,
     torch.set_num_threads(threads)
     bandwidth = read_bandwidth()
     flops = {"float32": matmul_flops(torch.float32), "bfloat16": matmul_flops(torch.bfloat16)}
-    int8 = int8_ops()
+    int8 = int8_ops_on([(1024, 1024)], 1024)
     int8_32 = int8_ops_on(layers, 32)
     return {
         "int8_32_rows_gop_s": int8_32 / 1e9,

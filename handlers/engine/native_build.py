@@ -115,12 +115,17 @@ def load(source: Path, without: str, fakes: Mapping[str, Callable] | None = None
     return True
 
 
+def build_level(source: Path, march: str) -> Path:
+    """The build of `source` for `march` (a level, or any -march value), compiled once and
+    cached beside the others."""
+    compiler, version = _compiler()
+    return _compile(source, compiler, _library(source, compiler, version, march), march)
+
+
 def prebuild(levels: Iterable[str] = tuple(LEVELS)) -> list[Path]:
     """Every kernel of the package built for each of `levels` (an image's build step: all)."""
-    compiler, version = _compiler()
     sources = sorted(Path(__file__).resolve().parents[1].rglob("*.cpp"))
-    return [_compile(source, compiler, _library(source, compiler, version, level), level)
-            for source in sources for level in levels]
+    return [build_level(source, level) for source in sources for level in levels]
 
 
 if __name__ == "__main__":

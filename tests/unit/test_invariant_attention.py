@@ -122,10 +122,7 @@ def test_the_avx512_and_avx2_builds_give_the_same_bits(march, tmp_path):
     AVX512-BF16's pairs where the CPU has them.)"""
     if march not in native_build.runnable_levels():
         pytest.skip(f"this CPU does not run {march}")
-    compiler, _ = native_build._compiler()
-    library = tmp_path / "libinvariant_attention.so"
-    subprocess.run([compiler, str(invariant_attention.SOURCE), "-o", str(library),
-                    *native_build.flags(march)], check=True, capture_output=True)
+    library = native_build.build_level(invariant_attention.SOURCE, march)
     torch.manual_seed(4)
     passes = []
     for cache in (torch.float32, torch.bfloat16):

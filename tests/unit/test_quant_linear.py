@@ -179,10 +179,7 @@ def test_vnni_avx2_and_plain_cpp_builds_give_the_same_bits(march, tmp_path):
     norms' sums in one order, so the bits are the same."""
     if march != "x86-64" and march not in native_build.runnable_levels():
         pytest.skip(f"this CPU does not run {march}")
-    compiler, _ = native_build._compiler()
-    library = tmp_path / "libquant_linear.so"
-    subprocess.run([compiler, str(quant_linear.SOURCE), "-o", str(library),
-                    *native_build.flags(march)], check=True, capture_output=True)
+    library = native_build.build_level(quant_linear.SOURCE, march)
     torch.manual_seed(3)
     for bits in (4, 8):
         layer = QuantLinear(from_float(torch.randn(64, 160), bits))

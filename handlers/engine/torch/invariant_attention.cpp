@@ -400,9 +400,9 @@ void weighted(const C *v, const int64_t *counts, int64_t pairs, int64_t group, i
 }
 
 // The weighted sums of `pairs` pairs (at most 4) that see the same n keys, for d a multiple of
-// 64: REG * SPAN elements at a time, held in registers over all the keys, each value row widened once
-// for all the pairs. The same arithmetic, key by key, as `weighted` (decoding's case: one query
-// a task).
+// 64: REG * SPAN elements at a time, held in registers over all the keys, each value row
+// widened once for all the pairs. The same arithmetic, key by key, as `weighted` (decoding's
+// case: one query a task).
 template <int pairs>
 void weighted_alike(const float *v, int64_t n, int64_t d, int64_t keys, const float *weights,
                     float *sums) {
