@@ -37,6 +37,7 @@ from handlers.protocols.adapter_management import AdapterRecord
 from handlers.server.app import create_app
 from handlers.server.context import Served, ServerContext, ServerSettings
 from handlers.server.fleet import Build, Fleet
+from handlers.server.http.connections import bounded_protocol
 from handlers.server.http.request_id import uvicorn_log_config
 from handlers.startup_gc import StartupCollection
 from handlers.stop_signals import on_first_stop_signal
@@ -86,6 +87,7 @@ def server_settings(config: Config) -> ServerSettings:
         output_formatter=config.output_formatter,
         tgi_compat=config.tgi_compat,
         max_request_size=config.max_request_size,
+        client_body_timeout=config.client_body_timeout,
         full_text_enabled=config.full_text_enabled,
         reasoning_parser=config.reasoning_parser,
         tool_call_parser=config.tool_call_parser,
@@ -149,6 +151,8 @@ def serve(config: Config) -> int:
                                 for adapter in config.adapters})
     server = uvicorn.Server(uvicorn.Config(
         create_app(ctx), host=config.host, port=config.port,
+        http=bounded_protocol(config.client_header_timeout,
+                              config.max_connections or 2 * config.job_queue_size),
         log_level=config.log_level.lower(), timeout_graceful_shutdown=30,
         log_config=uvicorn_log_config(),
     ))

@@ -83,6 +83,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("job_queue_size", "job_queue_size", values.integer(1), 1000),
     # Bytes; SageMaker's real-time payload limit (DJL's own default is 64 MiB).
     Setting("max_request_size", "max_request_size", values.integer(1), 6 * 1024 * 1024),
+    # Slow and idle clients, in nginx's names and defaults (seconds): a request's line and
+    # headers must arrive within client_header_timeout of the connection opening or the previous
+    # answer ending (else the connection closes, with a 408 if part of them came); a body that
+    # pauses longer than client_body_timeout is answered 408 and its connection closed.
+    Setting("client_header_timeout", "client_header_timeout", values.integer(1), 60),
+    Setting("client_body_timeout", "client_body_timeout", values.integer(1), 60),
+    # HTTP connections held at once; one more is answered 503 and closed. Unset: twice
+    # job_queue_size, so a full queue leaves room for health checks and idle keep-alives.
+    Setting("max_connections", "max_connections", values.optional_integer, None),
     # Unset: no key (SageMaker authenticates callers upstream); set: every route but health
     # requires it. Never logged.
     Setting("option.api_key", "api_key", values.text, None),

@@ -84,6 +84,9 @@ class Config:
     max_batch_delay: int  # milliseconds
     job_queue_size: int
     max_request_size: int  # bytes
+    client_header_timeout: int  # seconds
+    client_body_timeout: int  # seconds
+    max_connections: int | None  # None: twice job_queue_size
     model_loading_timeout: int  # seconds
     predict_timeout: int | None  # seconds; None: no deadline
     api_key: str | None = dataclasses.field(repr=False)  # None: no key required

@@ -17,6 +17,7 @@ class ErrorKind(Enum):
     OVERLOADED = "overloaded"  # admission refused: the server holds job_queue_size requests
     UNAVAILABLE = "unavailable"  # still loading, or shutting down (the request was aborted)
     TIMEOUT = "timeout"  # the request ran past its deadline
+    SLOW_BODY = "slow_body"  # the request's body stopped arriving (client_body_timeout)
     FAILED = "failed"  # the engine failed the request
     INTERNAL = "internal"  # a bug
     SESSION = "session"  # a stateful session that is unknown, closed or expired

@@ -36,6 +36,7 @@ from handlers.server.http import (
     tokens,
 )
 from handlers.server.http.api_key import ApiKeyMiddleware
+from handlers.server.http.body import BodyFramingMiddleware
 from handlers.server.http.descriptor import Protocol
 from handlers.server.http.invocations import Invocations
 from handlers.server.http.request_id import RequestIdMiddleware
@@ -82,6 +83,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     openapi.install(app, ctx.settings.server_version, docs)  # the bodies routes read by hand
     if ctx.settings.api_key:
         app.add_middleware(ApiKeyMiddleware, key=ctx.settings.api_key)
+    app.add_middleware(BodyFramingMiddleware, timeout=ctx.settings.client_body_timeout)
     # Outside the key check: a 401 carries an id too.
     app.add_middleware(RequestIdMiddleware, trace_headers=ctx.tracing is not None)
     install_log_ids()

@@ -50,6 +50,7 @@ class ServerSettings:
     output_formatter: str | None = None  # json | jsonlines | sse; None: by `stream`, as DJL
     tgi_compat: bool = False
     max_request_size: int = 6 * 1024 * 1024  # bytes; SageMaker's real-time payload limit
+    client_body_timeout: float = 60  # seconds a request body may pause (then 408)
     full_text_enabled: bool = False  # MindIE's streamed chat with the whole text in each chunk
     reasoning_parser: str | None = None  # how chat answers split thinking from the answer
     tool_call_parser: str | None = None  # how chat answers read a model family's tool calls

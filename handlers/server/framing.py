@@ -137,9 +137,15 @@ def _pieces(value: Any) -> Iterator[bytes]:
 def error_reply(error: ProtocolError, table: Table[ErrorKind, int]) -> Reply:
     """A protocol error in its protocol's shape, with the wire's status for its kind."""
     status = table[error.kind]
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.kind is ErrorKind.OVERLOADED \
-        else {}
+    headers = _ERROR_HEADERS.get(error.kind, {})
     return Reply(status, error.payload(status), headers)
+
+
+_ERROR_HEADERS = {
+    ErrorKind.OVERLOADED: {"Retry-After": str(RETRY_AFTER_SECONDS)},
+    # The rest of a body that stopped arriving would be read as the next request.
+    ErrorKind.SLOW_BODY: {"Connection": "close"},
+}
 
 
 # How LMI's stream styles go on the wire (TGI's is SSE with TGI's keys).

@@ -22,6 +22,7 @@ HTTP: Table[ErrorKind, int] = MappingProxyType({
     ErrorKind.SESSION: 400,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.TIMEOUT: 408,
+    ErrorKind.SLOW_BODY: 408,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.FAILED: 500,
     ErrorKind.INTERNAL: 500,
@@ -39,6 +40,7 @@ GRPC: Table[ErrorKind, StatusCode] = MappingProxyType({
     ErrorKind.SESSION: StatusCode.INVALID_ARGUMENT,
     ErrorKind.NOT_FOUND: StatusCode.NOT_FOUND,
     ErrorKind.TIMEOUT: StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.SLOW_BODY: StatusCode.DEADLINE_EXCEEDED,  # never: gRPC reads whole messages
     ErrorKind.TOO_LARGE: StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.FAILED: StatusCode.INTERNAL,
     ErrorKind.INTERNAL: StatusCode.INTERNAL,

@@ -42,6 +42,9 @@ async def read_then(protocol: HttpProtocol, request: Request, limit: int,
     except BodyError as exc:
         log.info("bad body: %s", exc.message)
         return protocol.error(exc.message, exc.kind)
+    except ClientGone:
+        log.info("client disconnected while sending the request body")
+        return Reply(GONE, None)
     return await answer(body)
 
 
