@@ -35,7 +35,7 @@ from handlers.model_source import (
 )
 from handlers.protocols.adapter_management import AdapterRecord
 from handlers.server.app import create_app
-from handlers.server.context import Served, ServerContext, ServerSettings
+from handlers.server.context import CUT_GRACE, Served, ServerContext, ServerSettings
 from handlers.server.fleet import Build, Fleet
 from handlers.server.http.connections import bounded_protocol
 from handlers.server.http.request_id import uvicorn_log_config
@@ -96,6 +96,7 @@ def server_settings(config: Config) -> ServerSettings:
         dynamic_streaming=config.enable_streaming,
         predict_timeout=config.predict_timeout,
         job_queue_size=config.job_queue_size,
+        timeout_graceful_shutdown=config.timeout_graceful_shutdown,
         api_key=config.api_key,
         otlp_traces_endpoint=config.otlp_traces_endpoint,
         stateful_sessions=config.enable_stateful_sessions and not config.embeddings_only,
@@ -153,7 +154,8 @@ def serve(config: Config) -> int:
         create_app(ctx), host=config.host, port=config.port,
         http=bounded_protocol(config.client_header_timeout,
                               config.max_connections or 2 * config.job_queue_size),
-        log_level=config.log_level.lower(), timeout_graceful_shutdown=30,
+        log_level=config.log_level.lower(),
+        timeout_graceful_shutdown=config.timeout_graceful_shutdown + CUT_GRACE,
         log_config=uvicorn_log_config(),
     ))
     http = threading.Thread(target=server.run, name="http")  # no signal handlers off main
@@ -216,7 +218,8 @@ def _run(config: Config, ctx: ServerContext, loaded: Loaded, http: threading.Thr
     status = 0
     if built is not None and isinstance(built.main_loop, SupervisedLoop):
         status = Supervisor(built.main_loop, ctx.generator.failures, config.engine_restart,
-                            stop_server, http, ctx.telemetry.engine_restarted).run()
+                            stop_server, http, ctx.telemetry.engine_restarted,
+                            drain_limit=config.timeout_graceful_shutdown + CUT_GRACE).run()
     elif built is not None and built.main_loop is not None:
         built.main_loop.run_forever()
     done.wait()

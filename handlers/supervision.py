@@ -21,19 +21,20 @@ from handlers.server.failures import FailureStreak
 log = logging.getLogger("lmi_serve")
 
 STALL_CHECK_INTERVAL = 1.0  # seconds between looks at the running step
-DRAIN_GRACE = 35.0  # seconds the HTTP server gets to answer the failed requests (uvicorn: 30)
+DRAIN_MARGIN = 5.0  # seconds past the HTTP server's own shutdown limit that it gets to end
 
 
 class Supervisor:
     def __init__(self, loop: SupervisedLoop, failures: FailureStreak, restart: bool,
                  stop_server: Callable[[], None], http: threading.Thread,
-                 on_restart: Callable[[], None] = lambda: None) -> None:
+                 on_restart: Callable[[], None] = lambda: None, *, drain_limit: float) -> None:
         self.loop = loop
         self.failures = failures
         self.restart = restart
         self.stop_server = stop_server
         self.http = http
         self.on_restart = on_restart
+        self.drain_limit = drain_limit  # seconds the HTTP server takes at most to stop
         self.restarts = 0
         self._done = threading.Event()
 
@@ -71,6 +72,6 @@ class Supervisor:
                           "stuck; failing its requests and exiting with status 1")
                 self.loop.abandon("the engine is stuck (option.engine_stall_timeout)")
                 self.stop_server()
-                self.http.join(DRAIN_GRACE)
+                self.http.join(self.drain_limit + DRAIN_MARGIN)
                 logging.shutdown()
                 os._exit(1)

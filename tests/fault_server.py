@@ -4,7 +4,9 @@ A request whose prompt holds a marker word makes the batcher fail there:
 - FAULT_REQUEST: appending one of its tokens raises (a failure inside one request);
 - FAULT_STEP: the whole step raises while it is in the batch;
 - FAULT_ABORT: aborting it raises (a client that goes away, a deadline);
-- FAULT_STALL: the step never returns while it is in the batch.
+- FAULT_STALL: the step never returns while it is in the batch;
+- FAULT_SLOW: each step takes at least SLOW_STEP_SECONDS while it is in the batch (a stream
+  that outlasts a short drain limit however fast the machine is).
 With LMI_FAULT_ENGINE_IMPORT set, importing the torch engine raises
 (tests/engine_raising_on_import.py).
 Run as `python tests/fault_server.py <lmi-serve arguments>`.
@@ -21,6 +23,7 @@ from handlers.engine import registry
 from handlers.engine.loop.batcher import ContinuousBatcher
 
 _append, _step, _abort = ContinuousBatcher._append, ContinuousBatcher.step, ContinuousBatcher.abort
+SLOW_STEP_SECONDS = 0.1
 
 
 def _holds(batcher: ContinuousBatcher, word: str) -> bool:
@@ -39,6 +42,8 @@ def step(self: ContinuousBatcher, *args, **kwargs):
         raise RuntimeError("injected fault in the engine step")
     if _holds(self, "FAULT_STALL"):
         threading.Event().wait()  # forever: only the watchdog can end this
+    if _holds(self, "FAULT_SLOW"):
+        threading.Event().wait(SLOW_STEP_SECONDS)
     return _step(self, *args, **kwargs)
 
 

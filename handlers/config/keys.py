@@ -107,6 +107,9 @@ SETTINGS: tuple[Setting, ...] = (
     # as memory holds. Past it, the least recently used is unloaded.
     Setting("option.max_models", "max_models", values.optional_integer, None),
     Setting("option.model_loading_timeout", "model_loading_timeout", values.integer(1), 1800),
+    # uvicorn's name: seconds requests get to finish once SIGTERM came; then those still running
+    # end with their protocol's error and the process exits 0 (SageMaker kills at 30 s).
+    Setting("timeout_graceful_shutdown", "timeout_graceful_shutdown", values.integer(0), 25),
     # Unset: no deadline (DJL's 120 s bounds one rolling-batch step, not a whole request).
     Setting("option.predict_timeout", "predict_timeout", values.optional_integer, None),
     # Failed requests in a row that turn readiness off and restart the engine (0: never).

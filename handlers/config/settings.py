@@ -88,6 +88,7 @@ class Config:
     client_body_timeout: int  # seconds
     max_connections: int | None  # None: twice job_queue_size
     model_loading_timeout: int  # seconds
+    timeout_graceful_shutdown: int  # seconds
     predict_timeout: int | None  # seconds; None: no deadline
     api_key: str | None = dataclasses.field(repr=False)  # None: no key required
     otlp_traces_endpoint: str | None  # None: traces off

@@ -5,7 +5,10 @@ hold the event loop (`offload`: tokenizing, chat templates, grammar compilation)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +46,12 @@ WORKERS = 8
 
 OUTPUT_FORMATTERS = ("json", "jsonlines", "sse")
 
+# Seconds a generation cut at the drain limit gets to send its error event before the HTTP and
+# gRPC servers end what is left.
+CUT_GRACE = 3
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -62,6 +71,9 @@ class ServerSettings:
     grpc_host: str = "0.0.0.0"
     grpc_port: int = 0  # KServe V2 over gRPC; 0: off
     job_queue_size: int = 1000  # client requests held at once
+    # Seconds requests get to finish once the server stops; then the generations still running
+    # end with their protocol's error (SageMaker's SIGKILL comes 30 s after its SIGTERM).
+    timeout_graceful_shutdown: float = 25
     api_key: str | None = field(default=None, repr=False)  # required on every route but health
     otlp_traces_endpoint: str | None = None  # where request traces go; None: traces off
     stateful_sessions: bool = True  # option.enable_stateful_sessions (DJL LMI's default)
@@ -148,6 +160,9 @@ class ServerContext:
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         self.workers = anyio.CapacityLimiter(WORKERS)
         self._drains: list[Callable[[], Awaitable[None]]] = []
+        self._draining: set[asyncio.Task] = set()
+        self._cut_timer: asyncio.TimerHandle | None = None  # set once draining began
+        self._generations: weakref.WeakSet[Generation] = weakref.WeakSet()  # what a drain cuts
         self.adapter_records: dict[str, AdapterRecord] = {}  # what the adapter API reports
         self.fleet: Fleet | None = None  # models loaded at runtime (POST /models), when served
         endpoint = settings.otlp_traces_endpoint
@@ -233,6 +248,7 @@ class ServerContext:
             raise
         if trace is not None:
             trace.admitted(requests)
+        self._generations.add(generation)
         return generation
 
     async def _in_session(self, requests: list[GenerationRequest]) -> list[GenerationRequest]:
@@ -312,16 +328,39 @@ class ServerContext:
         self._drains.append(drain)
 
     def drain(self) -> None:
-        """Begin draining every registered wire (HTTP drains itself); safe from any thread and
-        from signal handlers."""
+        """Begin draining every registered wire (HTTP drains itself), and past
+        settings.timeout_graceful_shutdown cut the generations still running; safe from any
+        thread and from signal handlers (a loop that closed has nothing left to drain)."""
         if self.loop is not None:
-            for drain in self._drains:
-                asyncio.run_coroutine_threadsafe(drain(), self.loop)
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._begin_draining)
+
+    def _begin_draining(self) -> None:
+        if self._cut_timer is not None:
+            return
+        self._cut_timer = asyncio.get_running_loop().call_later(
+            self.settings.timeout_graceful_shutdown, self._cut_generations)
+        for drain in self._drains:
+            task = asyncio.create_task(drain())
+            self._draining.add(task)
+            task.add_done_callback(self._draining.discard)
+
+    def _cut_generations(self) -> None:
+        limit = self.settings.timeout_graceful_shutdown
+        running = [generation for generation in self._generations if not generation.closed]
+        if running:
+            log.warning("%d request(s) still running past the drain limit "
+                        "(timeout_graceful_shutdown=%g s): ending them", len(running), limit)
+        for generation in running:
+            generation.cut(f"the server is shutting down: the answer ran past its drain limit "
+                           f"of {limit:g} s")
 
     async def drained(self) -> None:
         """Drain every registered wire and wait until it has."""
         for drain in self._drains:
             await drain()
+        if self._cut_timer is not None:
+            self._cut_timer.cancel()
 
     async def shutdown(self) -> None:
         """Stop the engines (the HTTP server has drained its requests) and export the last

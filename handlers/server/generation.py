@@ -2,8 +2,9 @@
 `job_queue_size` (`Admission`), submitted together (as one job to an engine that runs groups,
 else merged from one stream per request), read as groups of `(index, output)` pairs, bounded by
 the request's deadline, and aborted when closed unfinished (a client that went away, a failure,
-a timeout). The engine raising, or ending a request without finishing it, is a
-`GenerationError`, once, here; each protocol says it in its own shape. driver.py reads it.
+a timeout, a server that stops past its drain limit: `cut`). The engine raising, or ending a
+request without finishing it, is a `GenerationError`, once, here; each protocol says it in its
+own shape. driver.py reads it.
 
 Every close runs shielded: a client's disconnect cancels the task that would otherwise
 abandon an engine request half-done, holding its batch slot and cache.
@@ -80,6 +81,21 @@ class Generation:
         else:
             self._source = _merged(engine, requests)
         self._closed = False
+        self._reader: asyncio.Task | None = None  # the task waiting for outputs, while it waits
+        self._cut: str | None = None  # why the server ended it (`cut`)
+        self._cut_reader = False  # `cut` cancelled the reader's wait
+
+    def cut(self, reason: str) -> None:
+        """End it now, as unavailable for `reason`: the wait for outputs under way (or the next
+        one) raises GenerationError. Call on the server's event loop."""
+        if self._cut is None:
+            self._cut = reason
+            if self._reader is not None:  # it waits in `_wait`, where the cancel lands
+                self._cut_reader = self._reader.cancel()  # no cancel scope costs each output
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def next(self) -> list[Pair] | None:
         """The outputs that arrived together; None once every request finished."""
@@ -87,12 +103,17 @@ class Generation:
             await self.aclose()
             return None
         try:
-            with self._deadline_scope():
-                pairs = await anext(self._source, None)
+            if self._cut is not None:
+                raise GenerationError(self._cut, ErrorKind.UNAVAILABLE)
+            pairs = await self._wait()
         except TimeoutError:
             await self._fail(GenerationError(
                 f"the request ran past its deadline of {self._timeout:g} s "
                 f"({self._timeout_source})", ErrorKind.TIMEOUT))
+        except asyncio.CancelledError:
+            if not self._took_cut():
+                raise
+            await self._fail(GenerationError(self._cut, ErrorKind.UNAVAILABLE))
         except GenerationError as exc:
             await self._fail(exc)
         except Exception as exc:
@@ -147,6 +168,23 @@ class Generation:
                 await self._engine.abort(self.requests[index].request_id)
         if self._admission is not None:
             self._admission.release()
+
+    async def _wait(self) -> list[Pair] | None:
+        """The engine's next outputs, within the deadline; `cut` may cancel the wait."""
+        self._reader = asyncio.current_task()
+        try:
+            with self._deadline_scope():
+                return await anext(self._source, None)
+        finally:
+            self._reader = None
+
+    def _took_cut(self) -> bool:
+        """Whether the cancellation that reached the reader is only `cut`'s (then withdrawn):
+        another (a client gone, the server's own end) goes on."""
+        if not self._cut_reader:
+            return False
+        uncancel = getattr(asyncio.current_task(), "uncancel", None)  # Python >= 3.11
+        return uncancel is None or uncancel() == 0
 
     def _deadline_scope(self) -> AbstractContextManager:
         """A cancel scope up to the deadline; none at all without one (a scope per output was

@@ -5,6 +5,7 @@ these (the protocol tests check each one's wire)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -120,3 +121,32 @@ async def test_complete_raises_once_one_request_fails_and_aborts_the_others():
         await complete(Generation(engine, gens, Admission(4)))
     assert failed.value.kind is ErrorKind.FAILED
     assert gens[0].request_id in engine.aborted
+
+
+async def test_a_cut_stream_ends_with_the_renderers_events_and_frees_its_slot():
+    engine, admission = FakeEngine(), Admission(4)
+    (gen,) = validated(engine, [request("a [[stall:1]]", 9)], Checks(refusal))
+    generation = Generation(engine, [gen], admission)
+    chunks = events(generation, Texts())
+    assert [e.data for e in await anext(chunks)] == [(0, " a")]
+    waiting = asyncio.ensure_future(anext(chunks))  # stalled: waits for the engine
+    await asyncio.sleep(0)
+    generation.cut("the server is stopping")
+    assert [e.data for e in await waiting] == [("failed", "the server is stopping")]
+    assert gen.request_id in engine.aborted and admission.held == 0
+
+
+async def test_a_cut_ends_a_collected_answer_inside_its_disconnect_watch():
+    engine = FakeEngine()
+    gens = validated(engine, [request("a [[stall:1]]", 9)], Checks(refusal))
+    generation = Generation(engine, gens, Admission(4))
+
+    async def never_gone() -> None:
+        await asyncio.Event().wait()
+
+    asyncio.get_running_loop().call_later(0.05, generation.cut, "the server is stopping")
+    with pytest.raises(GenerationError) as cut:
+        await complete(generation, never_gone)
+    assert cut.value.kind is ErrorKind.UNAVAILABLE
+    cancelling = getattr(asyncio.current_task(), "cancelling", lambda: 0)  # Python >= 3.11
+    assert cancelling() == 0  # the cut's cancel was taken back

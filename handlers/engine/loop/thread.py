@@ -14,12 +14,14 @@ weights are kept) for the next `run_forever`. A step running longer than `stall_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -27,6 +29,7 @@ from handlers.engine.loop.batcher import ContinuousBatcher
 from handlers.engine.types import EngineFailure, GenerationRequest, RequestOutput
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -201,7 +204,7 @@ class EngineLoop:
         rid = output.request_id if isinstance(output, RequestOutput) else request_id
         submit = self._sink_for(rid, output)
         if submit is not None:
-            submit.loop.call_soon_threadsafe(submit.sink.put_nowait, output)
+            _hand_to(submit.loop, submit.sink.put_nowait, output)
 
     def _deliver_step(self, outputs: list[RequestOutput]) -> None:
         """A step's outputs, handed to each event loop in one call: one wake-up of a loop (a
@@ -212,7 +215,7 @@ class EngineLoop:
             if submit is not None:
                 handoffs.setdefault(submit.loop, []).append((submit.sink, output))
         for loop, handoff in handoffs.items():
-            loop.call_soon_threadsafe(_put_all, handoff)
+            _hand_to(loop, _put_all, handoff)
 
     def _sink_for(self, request_id: str, output: RequestOutput | BaseException) -> _Submit | None:
         """Where the request's `output` goes (None: it was aborted); its last one (finished, or
@@ -239,10 +242,17 @@ class EngineLoop:
             except queue.Empty:
                 break
             if isinstance(item, _Submit):
-                item.loop.call_soon_threadsafe(item.sink.put_nowait, exc)
+                _hand_to(item.loop, item.sink.put_nowait, exc)
             stop = stop or item is None
         if stop:
             self._inbox.put(None)
+
+
+def _hand_to(loop: asyncio.AbstractEventLoop, callback: Callable[[T], None], arg: T) -> None:
+    """Run `callback(arg)` on a requester's event loop; a loop that closed has nobody waiting
+    (a server that stopped while the step ran): what was for it is dropped, the loop runs on."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, arg)
 
 
 def _put_all(handoff: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
