@@ -7,6 +7,7 @@ import json
 import os
 import posixpath
 import shlex
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,3 +176,26 @@ def test_sagemaker_runtime_settings(flavor):
     (healthcheck,) = values(flavor, "HEALTHCHECK")
     command = healthcheck.partition("CMD")[2]
     assert "/ping" in command and "8080" in command
+
+
+def test_a_podman_build_writes_the_docker_format_that_keeps_the_healthcheck(tmp_path):
+    """podman builds OCI images by default, which have no HEALTHCHECK (podman drops it with a
+    warning); container/build-image must ask for the Docker format. Its podman here records what
+    it is asked and builds nothing (the image lane builds for real)."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    asked = tmp_path / "asked"
+    (tools / "podman").write_text(f'#!/bin/sh\necho "$*" >> "{asked}"\n')  # every call succeeds
+    (tools / "docker").write_text("#!/bin/sh\nexit 1\n")  # no daemon answers
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    wheels = tmp_path / "wheels"  # in case download.pytorch.org cannot be reached
+    wheels.mkdir()
+    (wheels / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").touch()
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
+           "LMI_WHEELS": str(wheels), "LMI_IMAGE_CACHE": str(tmp_path / "cache")}
+    subprocess.run([str(REPO / "container" / "build-image"), "cpu"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    (build,) = [shlex.split(line) for line in asked.read_text().splitlines()
+                if line.startswith("build ")]
+    assert build[build.index("--format") + 1] == "docker"

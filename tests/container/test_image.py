@@ -170,6 +170,18 @@ def test_it_runs_as_a_user_on_a_read_only_root_and_logs_to_stdout(served):
     assert f"model {MODEL} is ready" in served.logs()
 
 
+def test_the_image_keeps_its_healthcheck(served):
+    """podman's default OCI format would drop the Dockerfile's HEALTHCHECK (build-image asks for
+    the Docker format): podman runs it, docker shows it."""
+    if ENGINE == ["podman"]:
+        checked = subprocess.run(["podman", "healthcheck", "run", served.name],
+                                 capture_output=True, text=True, timeout=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    else:
+        shown = served.engine("inspect", "--format", "{{json .Config.Healthcheck}}").stdout
+        assert "/ping" in shown
+
+
 def readable(folder) -> None:
     """A folder the container's user reads, as a model folder SageMaker mounts is (its
     folders entered, its files read, at any depth)."""
