@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=(args.log_level or "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,  # one stream for every log line, uvicorn's too (uvicorn_log_config)
     )
     try:
         config = load_config(args)

@@ -150,4 +150,4 @@ def test_a_missing_hub_id_stops_startup_naming_it(standin, tmp_path):
                           timeout=120)
     assert done.returncode == 1
     assert "option.model_id org/no-such-model: the Hugging Face Hub has no such model" in (
-        done.stderr)
+        done.stdout)  # logs go to stdout

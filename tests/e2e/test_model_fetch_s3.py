@@ -139,7 +139,7 @@ def test_a_missing_bucket_stops_startup_naming_it(s3_env, tmp_path):
     done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 1
-    assert "option.model_id s3://no-such-bucket/model: cannot list it" in done.stderr
+    assert "option.model_id s3://no-such-bucket/model: cannot list it" in done.stdout
 
 
 def test_an_adapter_named_by_an_s3_uri_is_fetched_into_the_cache(aws, s3_env, tmp_path):

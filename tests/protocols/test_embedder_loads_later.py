@@ -71,5 +71,5 @@ def test_a_bad_embedding_model_id_fails_the_start(tmp_path: Path) -> None:
          str(free_port()), "--grpc-port", "0", "--option", f"option.embedding_model_id={empty}"],
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 1
-    assert f"{empty} holds no config.json" in done.stderr
-    assert "is ready" not in done.stderr
+    assert f"{empty} holds no config.json" in done.stdout  # logs go to stdout
+    assert "is ready" not in done.stdout

@@ -55,9 +55,13 @@ class RequestIdMiddleware:
 
 def uvicorn_log_config() -> dict[str, Any]:
     """uvicorn's logging, its access lines carrying the request id too (uvicorn's access
-    formatter ignores the message, where the other lines carry it)."""
+    formatter ignores the message, where the other lines carry it), and every line on stdout
+    as the server's own are (uvicorn writes all but its access lines to stderr), as DJL
+    Serving logs."""
     install_log_ids()  # every record has `request_id` before uvicorn formats one
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    for handler in config["handlers"].values():
+        handler["stream"] = "ext://sys.stdout"
     access = config["formatters"]["access"]
     access["fmt"] = access["fmt"].replace("%(levelprefix)s", "%(levelprefix)s [%(log_ids)s]", 1)
     return config
