@@ -5,8 +5,23 @@ stream: SageMaker's own way to try a container on your machine before an endpoin
     python examples/sagemaker_local_mode.py --image-uri lmi-serve:cpu --model-dir ./my-model
 
 Local mode runs the image with docker compose (`docker-compose`, or `docker compose`) as
-SageMaker runs it, `serve` with the model directory mounted at /opt/ml/model, on port 8080. With
-podman instead of Docker, run `podman system service` and point DOCKER_HOST at its socket.
+SageMaker runs it, `serve` with the model directory mounted at /opt/ml/model, on port 8080 (keep
+it free). It calls no AWS service: without an account, any region and dummy keys do
+(`AWS_DEFAULT_REGION=us-east-1 AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x`).
+
+With podman instead of Docker (as this repository's CI runs it), serve podman's Docker API and
+point DOCKER_HOST at it, with runc and explicit limits: crun, and podman's defaults for them,
+fail on some hosts (apt-get install podman runc docker-compose):
+
+    cat > containers.conf <<'EOF'
+    [containers]
+    default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+    [engine]
+    runtime = "runc"
+    EOF
+    CONTAINERS_CONF=$PWD/containers.conf podman system service --time=0 unix:///tmp/pm.sock &
+    export DOCKER_HOST=unix:///tmp/pm.sock
+
 The SDK's local runtime client has no `invoke_endpoint_with_response_stream`, so the stream goes
 through boto3 to the container, whose server answers SageMaker's runtime API itself.
 """

@@ -11,9 +11,11 @@ docker-compose; .ci/run's image lane provides all three.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +26,15 @@ import requests
 IMAGE = os.environ.get("LMI_TEST_IMAGE", "")
 PYTHON = os.environ.get("LMI_SAGEMAKER_PYTHON", "")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-PODMAN_CONF = """[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
-[engine]
-runtime = "runc"
-"""
+
+
+def documented_podman_conf() -> str:
+    """The containers.conf the example's docstring tells podman users to write: the test runs
+    podman with it, so the steps stay the ones that work."""
+    source = (EXAMPLES / "sagemaker_local_mode.py").read_text()
+    doc = ast.get_docstring(ast.parse(source))
+    heredoc = doc.split("<<'EOF'\n", 1)[1].split("\n    EOF\n", 1)[0]
+    return textwrap.dedent(heredoc) + "\n"
 
 pytestmark = [
     pytest.mark.e2e,
@@ -43,7 +49,7 @@ pytestmark = [
 def docker_host(tmp_path_factory) -> Iterator[str]:
     """podman's Docker-compatible API on a socket of its own."""
     folder = tmp_path_factory.mktemp("podman")
-    (folder / "containers.conf").write_text(PODMAN_CONF)
+    (folder / "containers.conf").write_text(documented_podman_conf())
     socket = folder / "podman.sock"
     service = subprocess.Popen(
         ["podman", "system", "service", "--time=0", f"unix://{socket}"],
