@@ -5,6 +5,11 @@
 
 A local lmi-serve answers SageMaker's runtime API itself (`/endpoints/{name}/invocations` and
 `.../invocations-response-stream`), so `--endpoint-url` is all it takes to test without AWS.
+
+An endpoint configured with `option.output_formatter=sse` (or `jsonlines`) answers every LMI
+request in that format, `"stream": false` and `Accept: application/json` included, as DJL LMI
+does (its formatter, not the Accept header, decides): `invoke` reads the text from the answer's
+last event then.
 """
 
 from __future__ import annotations
@@ -71,14 +76,18 @@ def runtime_client(endpoint_url: str | None, region: str | None):
 
 
 def invoke(runtime, endpoint_name: str, prompt: str, max_new_tokens: int) -> str:
-    """`invoke_endpoint`: the whole generated text at once."""
+    """`invoke_endpoint`: the whole generated text at once, from a JSON answer or, where the
+    endpoint's formatter streams every answer, from its last event."""
     response = runtime.invoke_endpoint(
         EndpointName=endpoint_name,
         Body=request_body(prompt, max_new_tokens),
         ContentType="application/json",
         Accept="application/json",
     )
-    return json.loads(response["Body"].read())["generated_text"]
+    body = response["Body"].read()
+    if response["ContentType"].split(";")[0] == "application/json":
+        return json.loads(body)["generated_text"]
+    return list(json_lines(body.splitlines()))[-1]["generated_text"]
 
 
 def stream_tokens(runtime, endpoint_name: str, prompt: str, max_new_tokens: int) -> Iterator[str]:

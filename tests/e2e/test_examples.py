@@ -83,19 +83,22 @@ def test_json_lines_reads_jsonlines_and_sse():
 # --- boto3_invoke.py, as a script -----------------------------------------------------------
 
 
-def test_boto3_invoke_script_against_the_server(server, expected_text):
-    # A machine with no AWS credentials: the script sends unsigned requests to a local server.
+def run_boto3_invoke(url: str) -> tuple[str, str]:
+    """The script's two answers (invoke_endpoint, then the stream's tokens) from the server at
+    `url`, on a machine with no AWS credentials (it sends unsigned requests to a local server)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env |= {"AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
             "AWS_EC2_METADATA_DISABLED": "true"}
-    argv = [sys.executable, str(EXAMPLES / "boto3_invoke.py"), "--endpoint-url", server,
+    argv = [sys.executable, str(EXAMPLES / "boto3_invoke.py"), "--endpoint-url", url,
             "--endpoint-name", "any-name", "--region", REGION, "--prompt", PROMPT,
             "--max-new-tokens", str(MAX_NEW_TOKENS)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    plain, streamed = split_output(
-        done.stdout, "invoke_endpoint", "invoke_endpoint_with_response_stream"
-    )
+    return split_output(done.stdout, "invoke_endpoint", "invoke_endpoint_with_response_stream")
+
+
+def test_boto3_invoke_script_against_the_server(server, expected_text):
+    plain, streamed = run_boto3_invoke(server)
     assert plain == streamed == expected_text
 
 
@@ -178,3 +181,19 @@ def test_lmi_environment_maps_options_and_model_id(sagemaker_deploy):
         "OPTION_OUTPUT_FORMATTER": "sse",
         "OPTION_ROLLING_BATCH": "disable",
     }
+
+
+@pytest.mark.parametrize("formatter", ["sse", "jsonlines"])
+def test_boto3_invoke_script_where_the_formatter_streams_every_answer(tiny_dir, formatter):
+    """option.output_formatter answers every LMI request in its format, as DJL LMI does (Accept
+    does not choose): the script's invoke_endpoint reads the text from the last event."""
+    with running_server(f"option.model_id={tiny_dir}", "option.embedding_model_id=none",
+                        f"option.output_formatter={formatter}") as url:
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": MAX_NEW_TOKENS}}
+        answer = httpx.post(f"{url}/invocations", json=body, timeout=60,
+                            headers={"Accept": "application/json"})
+        media_type = {"sse": "text/event-stream", "jsonlines": "application/jsonlines"}
+        assert answer.headers["content-type"].split(";")[0] == media_type[formatter]
+        expected = list(json_lines(answer.content.splitlines()))[-1]["generated_text"]
+        plain, streamed = run_boto3_invoke(url)
+    assert plain == streamed == expected
