@@ -98,6 +98,7 @@ def server_settings(config: Config) -> ServerSettings:
         predict_timeout=config.predict_timeout,
         job_queue_size=config.job_queue_size,
         timeout_graceful_shutdown=config.timeout_graceful_shutdown,
+        max_client_batch_size=min(config.max_client_batch_size, config.job_queue_size),
         api_key=config.api_key,
         otlp_traces_endpoint=config.otlp_traces_endpoint,
         stateful_sessions=config.enable_stateful_sessions and not config.embeddings_only,

@@ -81,6 +81,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("batch_size", "batch_size", values.integer(1), 1),
     Setting("max_batch_delay", "max_batch_delay", values.integer(0), 100),
     Setting("job_queue_size", "job_queue_size", values.integer(1), 1000),
+    # Sequences one client request may ask for (its prompts, each times max(n, best_of)): TGI's
+    # --max-client-batch-size. Never more than job_queue_size, which holds them all at once.
+    Setting("option.max_client_batch_size", "max_client_batch_size", values.integer(1), 256),
     # Bytes; SageMaker's real-time payload limit (DJL's own default is 64 MiB).
     Setting("max_request_size", "max_request_size", values.integer(1), 6 * 1024 * 1024),
     # Slow and idle clients, in nginx's names and defaults (seconds): a request's line and
@@ -237,6 +240,7 @@ ENV_VARS: tuple[tuple[str, str, Callable[[str], str]], ...] = (
     ("PREDICT_TIMEOUT", "option.predict_timeout", _same),
     ("SM_NUM_GPUS", "option.tensor_parallel_degree", _gpus),
     ("MAX_CONCURRENT_REQUESTS", "job_queue_size", _same),
+    ("MAX_CLIENT_BATCH_SIZE", "option.max_client_batch_size", _same),
     ("MAX_BATCH_SIZE", "option.max_rolling_batch_size", _same),
     ("MAX_BATCH_PREFILL_TOKENS", "option.max_rolling_batch_prefill_tokens", _same),
     ("HF_MODEL_QUANTIZE", "option.quantize", _same),

@@ -83,6 +83,7 @@ class Config:
     batch_size: int
     max_batch_delay: int  # milliseconds
     job_queue_size: int
+    max_client_batch_size: int  # sequences per client request
     max_request_size: int  # bytes
     client_header_timeout: int  # seconds
     client_body_timeout: int  # seconds
@@ -183,6 +184,7 @@ def load_config(
     settings |= _server_values(args, env, sources)
     settings |= model_values(model_dir, settings, sources)
     _check_batching(settings, sources)
+    _check_client_batch(settings, sources)
     _check_traces(settings, sources, env)
     sources["model_dir"] = dir_source
     adapters = find_adapters(model_dir, settings["lora_modules"], sources["lora_modules"],
@@ -292,3 +294,14 @@ def _check_batching(settings: dict[str, Any], sources: dict[str, str]) -> None:
         )
     settings["rolling_batch"] = "disable"
     sources["rolling_batch"] = f"derived from batch_size={size}"
+
+
+def _check_client_batch(settings: dict[str, Any], sources: dict[str, str]) -> None:
+    """A request's sequences all count against job_queue_size at once: a bound set above it
+    could never take effect (the server's bound is the smaller of the two)."""
+    bound, queue = settings["max_client_batch_size"], settings["job_queue_size"]
+    if bound > queue and sources["max_client_batch_size"] != DEFAULT:
+        raise ConfigError(
+            f"option.max_client_batch_size={bound} ({sources['max_client_batch_size']}) is more "
+            f"than job_queue_size={queue} ({sources['job_queue_size']}), which holds every "
+            "sequence of a request at once; lower it or raise job_queue_size")

@@ -24,7 +24,7 @@ from handlers.protocols.chat.answer import ChatFormat
 from handlers.protocols.checks import Checks, Refuse
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.openai_responses import ResponseStore
-from handlers.server.driver import validated
+from handlers.server.driver import bounded, validated
 from handlers.server.failures import FailureStreak
 from handlers.server.generation import Admission, Generation
 from handlers.server.request_ids import current as current_request_id
@@ -74,6 +74,7 @@ class ServerSettings:
     # Seconds requests get to finish once the server stops; then the generations still running
     # end with their protocol's error (SageMaker's SIGKILL comes 30 s after its SIGTERM).
     timeout_graceful_shutdown: float = 25
+    max_client_batch_size: int = 256  # sequences one client request may ask for
     api_key: str | None = field(default=None, repr=False)  # required on every route but health
     otlp_traces_endpoint: str | None = None  # where request traces go; None: traces off
     stateful_sessions: bool = True  # option.enable_stateful_sessions (DJL LMI's default)
@@ -232,6 +233,7 @@ class ServerContext:
         served = self._served_by(engine)
         trace = self._trace(requests, served.name or self.settings.model_name)
         try:
+            bounded(requests, self.settings.max_client_batch_size, checks)
             requests = await self._in_session(requests)
             requests = await self.offload(validated, engine, requests, checks)
             server = self.settings.predict_timeout

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from itertools import accumulate
 from typing import TypeVar
 
 import anyio
@@ -92,6 +93,25 @@ async def first(generation: Generation, accept: Callable[[list[Pair]], T | None]
     except BaseException:
         await generation.aclose()
         raise
+
+
+def bounded(requests: list[GenerationRequest], limit: int, checks: Checks) -> None:
+    """Refuse, in the protocol's shape, a client request that asks for more than `limit`
+    sequences in all (each prompt counts max(n, best_of)), before any is tokenized: naming the
+    first prompt past the limit, or `n` / `best_of` for a request of one prompt."""
+    counts = [request.params.num_sequences for request in requests]
+    if sum(counts) <= limit:
+        return
+    allowed = (f"a request may ask for at most {limit} (option.max_client_batch_size, "
+               "at most job_queue_size)")
+    if len(requests) == 1:
+        params = requests[0].params
+        field = "best_of" if (params.best_of or 0) >= params.n else "n"
+        raise checks.refusal(RequestValidationError(
+            field, f"{counts[0]} sequences asked for; {allowed}"), 0)
+    past = next(i for i, total in enumerate(accumulate(counts)) if total > limit)
+    raise checks.refusal(RequestValidationError(
+        "inputs", f"{len(requests)} prompts ask for {sum(counts)} sequences; {allowed}"), past)
 
 
 def validated(engine: Engine, requests: list[GenerationRequest], checks: Checks

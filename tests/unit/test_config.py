@@ -75,6 +75,19 @@ def test_a_checkout_run_without_installing_the_package_still_configures_a_server
     assert cli.server_settings(load(tmp_path)).server_version == "0+checkout"
 
 
+def test_a_requests_sequences_are_bounded_by_the_queue_that_holds_them(tmp_path):
+    from handlers import cli
+
+    assert cli.server_settings(load(tmp_path)).max_client_batch_size == 256
+    small = cli.server_settings(load(tmp_path, props="job_queue_size=100\n"))
+    assert (small.job_queue_size, small.max_client_batch_size) == (100, 100)
+    given = load(tmp_path, props="job_queue_size=100\noption.max_client_batch_size=8\n")
+    assert cli.server_settings(given).max_client_batch_size == 8
+    with pytest.raises(ConfigError, match=r"option.max_client_batch_size=200 \(command line\) "
+                       r"is more than job_queue_size=100 \(serving.properties\)"):
+        load(tmp_path, argv=["--option", "option.max_client_batch_size=200"])
+
+
 def test_option_without_equals_sign_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="option.tgi_compat"):
         load(tmp_path, argv=["--option", "option.tgi_compat"])
@@ -254,6 +267,7 @@ def test_serving_properties_beat_an_alias(tmp_path):
         ("SERVING_BATCH_SIZE", "4", "batch_size", 4),
         ("SERVING_MAX_BATCH_DELAY", "50", "max_batch_delay", 50),
         ("SERVING_JOB_QUEUE_SIZE", "10", "job_queue_size", 10),
+        ("MAX_CLIENT_BATCH_SIZE", "32", "max_client_batch_size", 32),
     ],
 )
 def test_environment_variables(tmp_path, name, value, field, expected):
