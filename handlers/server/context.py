@@ -70,7 +70,7 @@ class ServerSettings:
     server_version: str = "0"  # what the server's metadata reports
     grpc_host: str = "0.0.0.0"
     grpc_port: int = 0  # KServe V2 over gRPC; 0: off
-    job_queue_size: int = 1000  # client requests held at once
+    job_queue_size: int = 1000  # sequences held at once, queued or running
     # Seconds requests get to finish once the server stops; then the generations still running
     # end with their protocol's error (SageMaker's SIGKILL comes 30 s after its SIGTERM).
     timeout_graceful_shutdown: float = 25

@@ -1,10 +1,10 @@
 """A `Generation`: one client request's engine requests in flight, admitted against
-`job_queue_size` (`Admission`), submitted together (as one job to an engine that runs groups,
-else merged from one stream per request), read as groups of `(index, output)` pairs, bounded by
-the request's deadline, and aborted when closed unfinished (a client that went away, a failure,
-a timeout, a server that stops past its drain limit: `cut`). The engine raising, or ending a
-request without finishing it, is a `GenerationError`, once, here; each protocol says it in its
-own shape. driver.py reads it.
+`job_queue_size` (`Admission`, counting their sequences), submitted together (as one job to an
+engine that runs groups, else merged from one stream per request), read as groups of `(index,
+output)` pairs, bounded by the request's deadline, and aborted when closed unfinished (a client
+that went away, a failure, a timeout, a server that stops past its drain limit: `cut`). The
+engine raising, or ending a request without finishing it, is a `GenerationError`, once, here;
+each protocol says it in its own shape. driver.py reads it.
 
 Every close runs shielded: a client's disconnect cancels the task that would otherwise
 abandon an engine request half-done, holding its batch slot and cache.
@@ -34,25 +34,27 @@ class ClientGone(Exception):
 
 
 class Admission:
-    """`job_queue_size`: how many client requests the server holds at once, queued or running;
-    one more is refused at once (never queued without bound)."""
+    """`job_queue_size`: how many sequences the server holds at once, queued or running (a
+    client request holds all of its own, each prompt max(n, best_of)); a request that would
+    pass it is refused at once (never queued without bound)."""
 
     def __init__(self, limit: int, on_reject: Callable[[], None] | None = None) -> None:
         self.limit = limit
         self.held = 0
         self._on_reject = on_reject  # counts the refusal for /metrics
 
-    def acquire(self) -> None:
-        if self.held >= self.limit:
+    def acquire(self, sequences: int = 1) -> None:
+        if self.held + sequences > self.limit:
             if self._on_reject is not None:
                 self._on_reject()
             raise GenerationError(
-                f"the server is at its limit of {self.limit} requests (job_queue_size); "
-                "retry later", ErrorKind.OVERLOADED)
-        self.held += 1
+                f"the server is at its limit of {self.limit} sequences (job_queue_size): "
+                f"{self.held} are held and this request asks for {sequences}; retry later",
+                ErrorKind.OVERLOADED)
+        self.held += sequences
 
-    def release(self) -> None:
-        self.held -= 1
+    def release(self, sequences: int = 1) -> None:
+        self.held -= sequences
 
 
 class Generation:
@@ -63,8 +65,9 @@ class Generation:
                  outcome: Callable[[bool], None] | None = None,
                  observer: RequestObserver | None = None,
                  timeout_source: str = "option.predict_timeout") -> None:
+        self._sequences = sum(request.params.num_sequences for request in requests)
         if admission is not None:
-            admission.acquire()
+            admission.acquire(self._sequences)
         self._admission = admission
         self._engine = engine
         self.requests = requests
@@ -167,7 +170,7 @@ class Generation:
             for index in sorted(self._open):
                 await self._engine.abort(self.requests[index].request_id)
         if self._admission is not None:
-            self._admission.release()
+            self._admission.release(self._sequences)
 
     async def _wait(self) -> list[Pair] | None:
         """The engine's next outputs, within the deadline; `cut` may cancel the wait."""

@@ -69,9 +69,30 @@ async def test_a_request_over_job_queue_size_is_refused_at_once_with_retry_after
         with contextlib.suppress(asyncio.CancelledError):
             await held
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-    assert error(refused) == ("the server is at its limit of 1 requests (job_queue_size); "
-                              "retry later")
+    assert error(refused) == ("the server is at its limit of 1 sequences (job_queue_size): "
+                              "1 are held and this request asks for 1; retry later")
     assert len(engine.requests) == 1  # the refused request never reached the engine
+
+
+async def test_job_queue_size_counts_a_requests_sequences_not_the_request():
+    engine = FakeEngine()
+    stalled = {"prompt": ["a b [[stall:1]]"] * 3, "max_tokens": 5}  # 3 sequences, held
+    async with client(engine, job_queue_size=4) as http:
+        held = asyncio.create_task(http.post("/v1/completions", json=stalled))
+        await engine.until(lambda: len(engine.requests) == 3)
+        two = await http.post("/v1/completions", json={"prompt": "c", "n": 2, "max_tokens": 2})
+        one = await http.post("/invocations", json={"inputs": "c d"})
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
+        await engine.until(lambda: len(engine.aborted) == 3)
+        after = await http.post("/v1/completions", json={"prompt": ["c"] * 4, "max_tokens": 2})
+    assert two.status_code == 503 and two.headers["retry-after"] == "1"
+    assert two.json()["error"]["message"] == (
+        "the server is at its limit of 4 sequences (job_queue_size): 3 are held and this "
+        "request asks for 2; retry later")
+    assert one.status_code == 200  # the fourth sequence still fits
+    assert after.status_code == 200  # the stalled request gave its three back
 
 
 async def test_a_finished_request_gives_its_place_back():
