@@ -111,6 +111,7 @@ class FakeEngine:
     device: str = "cpu"
     adapters: tuple[str, ...] = ()  # LoRA adapters a request may name (it runs them alike)
     answer_parsing: Any = None  # chat answers are read by the protocols' parsers
+    group_window: int | None = None  # engine requests of one client request held at once
     token_delay: float = 0.0  # seconds per engine step
     tokens_per_step: int = 1
     ready: bool = True

@@ -79,6 +79,11 @@ class Engine(Protocol):
     device: str  # e.g. "cpu", "cuda"
     adapters: tuple[str, ...]  # the LoRA adapters a request may name (`adapter`); () for none
     answer_parsing: AnswerParsing | None  # its own reading of chat answers; None: the protocols'
+    # How many engine requests of one client request (one `GenerationRequest.group`) it should
+    # hold at once, the driver submitting the next as one finishes: for a scheduler that serves
+    # its queue first come first served, so a bystander waits behind at most that many of each
+    # client request. None: any number (its scheduler shares the batch between groups).
+    group_window: int | None
 
     def validate(self, request: GenerationRequest) -> None:
         """Tokenize and check a request before admission; raise RequestValidationError.

@@ -119,6 +119,10 @@ class DynamicBatcher:
     def answer_parsing(self) -> AnswerParsing | None:
         return self.inner.answer_parsing
 
+    # A job's prompts all go to the inner engine with its batch, as DJL's batch aggregator
+    # sends them; the inner engine shares them out by their group.
+    group_window = None
+
     def adapter_activity(self) -> AdapterActivity | None:
         return self.inner.adapter_activity()
 

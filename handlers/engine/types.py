@@ -129,6 +129,10 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     priority: int = 0  # among waiting requests, lower values are admitted first
+    # The client request it is part of (the driver gives every engine request of one client
+    # request the same): an engine that schedules its own batch shares it between groups
+    # round-robin, so no group waits behind another's whole batch. None: a group of its own.
+    group: str | None = None
     adapter: str | None = None  # a LoRA adapter the engine serves (Engine.adapters); None: base
     # A stateful session (SageMaker's): an engine that caches prefixes pins the finished
     # conversation's keys/values under it until Engine.release_session.

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import NoReturn
 
 import anyio
@@ -65,6 +66,8 @@ class Generation:
                  outcome: Callable[[bool], None] | None = None,
                  observer: RequestObserver | None = None,
                  timeout_source: str = "option.predict_timeout") -> None:
+        # One group: an engine that schedules its own batch shares it between client requests.
+        requests = [replace(request, group=requests[0].request_id) for request in requests]
         self._sequences = sum(request.params.num_sequences for request in requests)
         if admission is not None:
             admission.acquire(self._sequences)
@@ -199,31 +202,33 @@ class Generation:
 
 async def _merged(engine: Engine, requests: list[GenerationRequest]
                   ) -> AsyncIterator[list[Pair]]:
-    """The requests' output streams interleaved as their outputs arrive; closing it closes
+    """The requests' output streams interleaved as their outputs arrive, at most the engine's
+    `group_window` of them in it at once (the next starting as one finishes); closing it closes
     every stream (the engine aborts the unfinished requests)."""
-    streams = [engine.generate(request) for request in requests]
-    if len(streams) == 1:
+    if len(requests) == 1:
+        stream = engine.generate(requests[0])
         try:
-            async for output in streams[0]:
+            async for output in stream:
                 yield [(0, output)]
         finally:
             with anyio.CancelScope(shield=True):
-                await streams[0].aclose()
+                await stream.aclose()
         return
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
     done = object()
 
-    async def pump(index: int, stream: AsyncIterator) -> None:
+    async def pump(index: int) -> None:
         try:
-            async for output in stream:
+            async for output in engine.generate(requests[index]):
                 queue.put_nowait((index, output))
             queue.put_nowait((index, done))
         except Exception as exc:
             queue.put_nowait((index, exc))
 
-    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    window = engine.group_window or len(requests)
+    pumps = [asyncio.create_task(pump(i)) for i in range(min(window, len(requests)))]
     try:
-        running = len(pumps)
+        running = len(requests)
         while running:
             items = [await queue.get()]
             while not queue.empty():
@@ -234,6 +239,8 @@ async def _merged(engine: Engine, requests: list[GenerationRequest]
                     raise item
                 if item is done:
                     running -= 1
+                    if len(pumps) < len(requests):
+                        pumps.append(asyncio.create_task(pump(len(pumps))))
                 else:
                     pairs.append((index, item))
             if pairs:

@@ -8,6 +8,7 @@ alone, in a batch that others join mid-flight, and with prompts prefilled in sma
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 
 import pytest
@@ -397,6 +398,35 @@ def test_a_prompt_moved_mid_prefill_keeps_the_chunk_just_written(reference, load
     for req in requests:
         assert_models_own(reference, loaded, req.prompt_token_ids, tokens[req.request_id, 0],
                           req.params.max_new_tokens)
+
+
+def test_client_requests_take_the_batch_in_turn(loaded):
+    """A client request of 12 prompts fills a batch of 4 when another client's prompt arrives:
+    the newcomer takes the first slot that frees, not the one after the 8 prompts still
+    waiting; each client request's prompts keep their order, and a better priority still goes
+    first."""
+    stepped = DirectStepper(TorchEngine(loaded, max_batch_size=4))
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    big = [GenerationRequest(PROMPTS[1], params, group="big") for _ in range(12)]
+    bystander = GenerationRequest(PROMPTS[0], params, group="bystander")
+    urgent = GenerationRequest(PROMPTS[0], params, group="urgent", priority=-1)
+    events: list[tuple[str, str]] = []  # ("token" | "finished", request id), as they came
+    for request in big:
+        stepped.add(request)
+    for step in itertools.count():
+        if step == 1:  # the big request's first 4 prompts are running
+            stepped.add(bystander)
+            stepped.add(urgent)
+        if not stepped.has_work:
+            break
+        for out in stepped.step():
+            events += [("token", out.request_id)] + [("finished", out.request_id)] * out.finished
+    first = {rid: events.index(("token", rid)) for _, rid in events}
+    big_done = [i for i, (kind, rid) in enumerate(events)
+                if kind == "finished" and rid in {r.request_id for r in big}]
+    assert first[urgent.request_id] < first[bystander.request_id] < big_done[4]
+    starts = [first[request.request_id] for request in big]
+    assert starts == sorted(starts)
 
 
 @pytest.mark.parametrize("chunked", [True, False])

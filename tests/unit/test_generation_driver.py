@@ -6,13 +6,14 @@ these (the protocol tests check each one's wire)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 
 import pytest
 from fakes import FakeEngine
 
 from handlers.engine.base import Pair
-from handlers.engine.types import GenerationRequest, RequestValidationError
+from handlers.engine.types import GenerationRequest, RequestOutput, RequestValidationError
 from handlers.protocols.checks import Checks, with_max_new_tokens
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.outputs import Event, Renderer, raise_failure
@@ -150,3 +151,25 @@ async def test_a_cut_ends_a_collected_answer_inside_its_disconnect_watch():
     assert cut.value.kind is ErrorKind.UNAVAILABLE
     cancelling = getattr(asyncio.current_task(), "cancelling", lambda: 0)  # Python >= 3.11
     assert cancelling() == 0  # the cut's cancel was taken back
+
+
+@dataclass
+class Counted(FakeEngine):
+    held: list[int] = field(default_factory=list)  # requests in it as each one arrives
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        self.held.append(len(self.requests) + 1 - len(self.finished) - len(self.aborted))
+        async for output in super().generate(request):
+            yield output
+
+
+async def test_an_engine_with_a_window_holds_that_many_of_a_client_requests_prompts():
+    """An engine that serves its queue first come first served (vLLM) gets one client request's
+    prompts a window at a time, each next one once one finished; every engine request of the
+    client request carries its group; the answers are whole and in order."""
+    engine = Counted(group_window=2)
+    gens = validated(engine, [request(f"p{i} q", 2) for i in range(5)], Checks(refusal))
+    folded = await complete(Generation(engine, gens, Admission(8)))
+    assert len(engine.held) == 5 and max(engine.held) == 2
+    assert [acc.sequences[0].text for acc in folded] == [f" p{i} q" for i in range(5)]
+    assert {r.group for r in engine.requests} == {gens[0].request_id}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -178,14 +179,19 @@ class ContinuousBatcher:
         return len(self.decoding) + sum(len(s.sequences) for s in self.prefilling)
 
     def _admit(self) -> None:
-        """Start waiting requests in order while slots last; one whose LoRA adapter cannot join
-        the running ones yet (max_loras) waits, and those behind it may start."""
+        """Start waiting requests while slots last, shared between client requests (`_next`);
+        one whose LoRA adapter cannot join the running ones yet (max_loras) waits, and those
+        behind it may start."""
         held = []
+        in_batch: Counter[str] = Counter()  # sequences in the batch, by client request
+        for state in self.states.values():
+            in_batch[_group(state.request)] += len(state.sequences)
         while self.waiting:
-            request = self.waiting[0]
+            index = self._next(in_batch)
+            request = self.waiting[index]
             if self._used_slots() + request.params.num_sequences > self.max_batch_size:
                 break
-            self.waiting.pop(0)
+            del self.waiting[index]
             slot = self._free_slot()
             try:
                 if not self.runner.use_adapter(slot, request.adapter):
@@ -197,6 +203,7 @@ class ContinuousBatcher:
                 self.runner.use_adapter(slot, None)
                 self._fail_unstarted(request, exc)
                 continue
+            in_batch[_group(request)] += len(state.sequences)
             self.counters["prompt_tokens"] += len(state.prompt_ids)
             first = state.sequences[0]
             first.slot = slot
@@ -205,7 +212,25 @@ class ContinuousBatcher:
                 first.cached = self.prefix.restore(state.prompt_ids, slot, request.adapter)
             self.prefilling.append(state)
             self.states[request.request_id] = state
-        self.waiting[:0] = held
+        self.waiting[:0] = held  # of the first priorities taken: still in priority order
+
+    def _next(self, in_batch: Counter[str]) -> int:
+        """Where the waiting request to start next is: of the first priority, the one whose
+        client request has the fewest sequences in the batch (the earliest of those), so that
+        client requests take the batch's slots in turn and a bystander never waits behind
+        another request's whole batch of prompts."""
+        priority = self.waiting[0].priority
+        best, fewest, seen = 0, None, set()
+        for index, request in enumerate(self.waiting):
+            group = _group(request)
+            if request.priority != priority or fewest == 0:
+                break
+            if group in seen:
+                continue
+            seen.add(group)
+            if fewest is None or in_batch[group] < fewest:
+                best, fewest = index, in_batch[group]
+        return best
 
     def _new_state(self, request: GenerationRequest) -> RequestState:
         params, prompt = request.params, request.prompt_token_ids or []
@@ -526,6 +551,10 @@ class ContinuousBatcher:
         for request_id in [r for r, s in self.states.items() if s.finished]:
             del self.states[request_id]
             self.counters["finished_requests"] += 1
+
+
+def _group(request: GenerationRequest) -> str:
+    return request.group or request.request_id
 
 
 def _thinking_openings(logits: torch.Tensor, rows: list[Sequence]

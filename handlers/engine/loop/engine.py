@@ -86,6 +86,7 @@ class LoopEngine:
         self.vocab_size = self.batcher.runner.vocab_size
 
     answer_parsing = None  # chat answers are read by the protocols' parsers
+    group_window = None  # the batcher shares its slots between client requests itself
 
     @property
     def adapters(self) -> tuple[str, ...]:

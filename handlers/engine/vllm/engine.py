@@ -72,6 +72,10 @@ class VllmEngine:
         if llm.vllm_config.cache_config.enable_prefix_caching:  # counted from its outputs
             self._counters |= {"prefix_cache_queries": 0, "prefix_cache_hits": 0}
         self._started = False
+        # vLLM schedules its waiting queue by priority, then first come first served: the
+        # driver keeps at most one batch (max_num_seqs) of a client request's prompts in it, so
+        # a later client's request waits behind at most that much of each, not all of it.
+        self.group_window: int | None = llm.vllm_config.scheduler_config.max_num_seqs
 
     # -- the Engine interface -------------------------------------------------------------------
 
