@@ -104,6 +104,7 @@ def server_settings(config: Config) -> ServerSettings:
         stateful_sessions=config.enable_stateful_sessions and not config.embeddings_only,
         sessions_expiration=config.sessions_expiration,
         max_sessions=config.max_sessions,
+        max_sessions_per_client=config.max_sessions_per_client,
         server_version=_version(),
         grpc_host=config.host,
         grpc_port=config.grpc_port,

@@ -21,7 +21,8 @@ _GENERATION_ONLY = ("rolling_batch", "output_formatter", "tgi_compat", "enable_s
                     "full_text_enabled", "chat_template", "batch_size", "max_batch_delay",
                     "max_consecutive_failures", "reasoning_parser", "tool_call_parser",
                     "enable_auto_tool_choice", "enable_stateful_sessions",
-                    "sessions_expiration", "max_sessions", "max_models",
+                    "sessions_expiration", "max_sessions", "max_sessions_per_client",
+                    "max_models",
                     "max_client_batch_size")
 _ROLLING_ONLY = ("output_formatter", "tgi_compat")
 _DYNAMIC_ONLY = ("max_batch_delay", "enable_streaming")
@@ -63,7 +64,21 @@ def check_effects(config: Config) -> None:
         if config.tgi_compat and config.output_formatter == "jsonlines":
             _refuse(config, BY_FIELD["output_formatter"], "option.tgi_compat streams TGI's "
                     "server-sent events")
+    _check_sessions(config)
     chat_template_text(config)
+
+
+def _check_sessions(config: Config) -> None:
+    per_client = config.max_sessions_per_client
+    if per_client is None:
+        return
+    if not config.enable_stateful_sessions:
+        _refuse(config, BY_FIELD["max_sessions_per_client"], "it bounds stateful sessions, and "
+                "option.enable_stateful_sessions=false")
+    if per_client > config.max_sessions:
+        _refuse(config, BY_FIELD["max_sessions_per_client"], "it is more than "
+                f"option.max_sessions={config.max_sessions}, which bounds every client's "
+                "sessions together")
 
 
 def _refuse_if_set(config: Config, field: str, reason: str) -> None:

@@ -106,6 +106,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.enable_stateful_sessions", "enable_stateful_sessions", values.boolean, True),
     Setting("option.sessions_expiration", "sessions_expiration", values.integer(1), 1200),
     Setting("option.max_sessions", "max_sessions", values.integer(1), 1000),
+    # Of them, opened from one client address (the connection's, or a trusted proxy's
+    # X-Forwarded-For); unset: no bound (behind SageMaker every caller shares its front end's).
+    Setting("option.max_sessions_per_client", "max_sessions_per_client",
+            values.optional_integer, None),
     # Models loaded at runtime (SageMaker's multi-model POST /models) at most; unset: as many
     # as memory holds. Past it, the least recently used is unloaded.
     Setting("option.max_models", "max_models", values.optional_integer, None),

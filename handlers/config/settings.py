@@ -96,6 +96,7 @@ class Config:
     enable_stateful_sessions: bool
     sessions_expiration: int  # seconds
     max_sessions: int
+    max_sessions_per_client: int | None  # None: no bound per client address
     max_models: int | None  # None: as memory allows
     max_consecutive_failures: int  # 0: never
     engine: str  # DJL's engine: Python | MPI

@@ -80,6 +80,7 @@ class ServerSettings:
     stateful_sessions: bool = True  # option.enable_stateful_sessions (DJL LMI's default)
     sessions_expiration: int = 1200  # seconds a session lives after it opened
     max_sessions: int = 1000  # sessions open at once
+    max_sessions_per_client: int | None = None  # of them opened from one address; None: any
     model_dir: Path = Path(".")  # where relative adapter sources are read from
     adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
     model_roots: tuple[Path, ...] = ()  # the only places POST /models reads from
@@ -169,7 +170,9 @@ class ServerContext:
         endpoint = settings.otlp_traces_endpoint
         self.tracing = Tracing(endpoint) if endpoint is not None else None
         self.sessions = Sessions(settings.sessions_expiration, settings.max_sessions,
-                                 self._release_session) if settings.stateful_sessions else None
+                                 self._release_session,
+                                 per_client=settings.max_sessions_per_client
+                                 ) if settings.stateful_sessions else None
         if self.sessions is not None:
             self.telemetry.open_sessions(self.sessions.__len__)
 

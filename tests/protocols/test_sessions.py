@@ -127,6 +127,30 @@ def test_open_sessions_are_bounded_and_counted(server):
         close_session(client, session)
 
 
+def test_one_client_address_holds_at_most_its_share_of_sessions():
+    """option.max_sessions_per_client: NEW_SESSION calls from one client address stop at its
+    share, and other clients still open theirs. The clients here come through a proxy on the
+    loopback, which uvicorn trusts (FORWARDED_ALLOW_IPS), each named by X-Forwarded-For."""
+    def new_session(http: httpx.Client, client: str) -> httpx.Response:
+        return http.post("/invocations", json={"requestType": "NEW_SESSION"},
+                         headers={HEADER: "NEW_SESSION", "X-Forwarded-For": client})
+
+    with serving(served_app(FakeEngine(), max_sessions=10, max_sessions_per_client=2)) as url, \
+            httpx.Client(base_url=url) as http:
+        hostile = [new_session(http, "203.0.113.7") for _ in range(3)]
+        other = new_session(http, "198.51.100.2")
+        session = hostile[0].headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
+        closed = http.post("/invocations", json={"requestType": "CLOSE"},
+                           headers={HEADER: session, "X-Forwarded-For": "203.0.113.7"})
+        again = new_session(http, "203.0.113.7")
+    assert [answer.status_code for answer in hostile] == [200, 200, 503]
+    assert hostile[2].json()["error"] == (
+        "client 203.0.113.7 holds its limit of 2 open sessions "
+        "(option.max_sessions_per_client); close one, or retry once one expired")
+    assert other.status_code == 200 and "X-Amzn-SageMaker-New-Session-Id" in other.headers
+    assert closed.status_code == 200 and again.status_code == 200  # its place came back
+
+
 def test_sessions_off_refuse_the_header_and_the_requests():
     with serving(served_app(FakeEngine(), stateful_sessions=False)) as url:
         answer = httpx.post(f"{url}/invocations", json={"inputs": "a"}, headers={HEADER: "s"})

@@ -88,6 +88,14 @@ def test_a_requests_sequences_are_bounded_by_the_queue_that_holds_them(tmp_path)
         load(tmp_path, argv=["--option", "option.max_client_batch_size=200"])
 
 
+def test_sessions_per_client_reach_the_server(tmp_path):
+    from handlers import cli
+
+    assert cli.server_settings(load(tmp_path)).max_sessions_per_client is None
+    bounded = load(tmp_path, props="option.max_sessions_per_client=5\n")
+    assert cli.server_settings(bounded).max_sessions_per_client == 5
+
+
 def test_option_without_equals_sign_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="option.tgi_compat"):
         load(tmp_path, argv=["--option", "option.tgi_compat"])

@@ -34,7 +34,7 @@ async def session_body(ctx: ServerContext, request: Request, body: Any) -> Answe
             raise LmiError(f"stateful sessions are off (option.enable_stateful_sessions=false): "
                            f"requestType {kind!r} is refused", ErrorKind.SESSION)
         if kind == NEW_SESSION:
-            session = await ctx.sessions.open()
+            session = await ctx.sessions.open(request.client.host if request.client else None)
             return Reply(200, {"result": f"Session {session.id} created"},
                          {NEW_SESSION_HEADER: session.header})
         if kind == CLOSE:
