@@ -222,9 +222,9 @@ class ContinuousBatcher:
         priority = self.waiting[0].priority
         best, fewest, seen = 0, None, set()
         for index, request in enumerate(self.waiting):
-            group = _group(request)
             if request.priority != priority or fewest == 0:
                 break
+            group = _group(request)
             if group in seen:
                 continue
             seen.add(group)
