@@ -40,7 +40,8 @@ def is_remote(model_id: str, base_dir: Path | None) -> bool:
 
 
 def fetch(model_id: str, revision: str | None = None) -> Path:
-    """The local copy of a remote model (`is_remote`), fetched now if need be."""
+    """The local copy of a remote model (`is_remote`), fetched now if need be; the error names
+    `model_id` and what went wrong, never a local path."""
     try:
         if model_id.startswith("s3://"):
             return fetch_s3(model_id)
@@ -102,11 +103,14 @@ def resolve_model_source(model_id: str | None, model_dir: Path,
     """The LLM to load: `model_id` (fetched first when remote), else `model_dir`'s own files,
     else the embedded default."""
     if model_id is not None and is_remote(model_id, model_dir):
-        fetched = fetch(model_id, revision)
+        try:
+            fetched = fetch(model_id, revision)
+        except ModelSourceError as exc:
+            raise ModelSourceError(f"option.model_id {exc}") from None
         found = model_files_in(fetched)
         if found is None:
-            raise ModelSourceError(f"option.model_id {model_id!r}: the fetched copy in {fetched} "
-                                   "holds no model files (config.json with *.safetensors)")
+            raise ModelSourceError(f"option.model_id {model_id!r}: the fetched copy holds no "
+                                   "model files (config.json with *.safetensors)")
         return found
     if model_id is None:
         return model_files_in(model_dir) or default_model_path()
@@ -163,7 +167,10 @@ def resolve_embedding_source(source: str | Path | None, base_dir: Path | None = 
     if source is None or is_default_embedding_id(str(source)):
         return default_embedding_model_path()
     if is_remote(str(source), base_dir):
-        return fetch(str(source), revision)
+        try:
+            return fetch(str(source), revision)
+        except ModelSourceError as exc:
+            raise ModelSourceError(f"embedding model {exc}") from None
     path = local_path(str(source), base_dir)
     if path.is_dir() and (path / "config.json").is_file():
         return path

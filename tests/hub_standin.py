@@ -31,10 +31,12 @@ from starlette.routing import Route
 
 @dataclass
 class FakeRepo:
-    """A model repo whose files are those under `folder`, all at one commit."""
+    """A model repo whose files are those under `folder`, all at one commit, and `extra` ones
+    under names no folder could hold (`../x`), each with the content of a local file."""
 
     repo_id: str
     folder: Path
+    extra: dict[str, Path] = field(default_factory=dict)
 
     @property
     def sha(self) -> str:
@@ -43,7 +45,7 @@ class FakeRepo:
 
     def files(self) -> dict[str, Path]:
         return {p.relative_to(self.folder).as_posix(): p
-                for p in sorted(self.folder.rglob("*")) if p.is_file()}
+                for p in sorted(self.folder.rglob("*")) if p.is_file()} | self.extra
 
 
 class HubError(Exception):

@@ -115,6 +115,32 @@ def test_nothing_cached_and_the_hub_unreachable_is_named(hub, monkeypatch, tmp_p
         resolve_model_source(REPO, tmp_path)
 
 
+def test_a_file_name_climbing_out_of_the_snapshot_fails_before_any_download(
+        hub, tiny_dir, tmp_path, monkeypatch):
+    """huggingface_hub refuses a `..` file name only as it downloads that file, the others
+    written already: the listing is checked first, so the fetch writes nothing and names it."""
+    planted = tmp_path / "planted.json"
+    planted.write_text("{}")
+    crafted = FakeRepo("org/crafted", tiny_dir, extra={"../../../../escaped.json": planted})
+    with serving_hub(crafted) as crafted_hub:
+        point_hub_client_at(monkeypatch, crafted_hub.url)
+        with pytest.raises(ModelSourceError, match=re.escape(
+                "option.model_id org/crafted: the file '../../../../escaped.json' would be "
+                "written outside its folder in the cache; nothing was fetched")):
+            resolve_model_source("org/crafted", tmp_path)
+        assert crafted_hub.downloads == []
+    assert not [p for p in (tmp_path / "hf").rglob("*") if p.is_file()]
+    assert not list(tmp_path.rglob("escaped.json"))
+
+
+@pytest.mark.parametrize("model_id", ["a/..", "org/a--b"])
+def test_an_id_the_hub_cannot_name_is_refused_unasked(hub, tmp_path, model_id):
+    with pytest.raises(ModelSourceError, match=re.escape(
+            f"option.model_id {model_id}: not a Hugging Face Hub id")):
+        resolve_model_source(model_id, tmp_path)
+    assert hub.downloads == []
+
+
 def check_revision_with(model_id: str, model_dir: Path) -> None:
     args = parse_args(["--model-dir", str(model_dir), "--option", f"option.model_id={model_id}",
                        "--option", "option.revision=main"])

@@ -1,11 +1,14 @@
 """Models from S3 (`option.model_id=s3://bucket/prefix`), fetched with boto3 from a moto S3
 server into the cache directory: a whole copy or none, reused while the objects are unchanged,
-served from the cache when S3 cannot be reached, and a clear startup error otherwise."""
+served from the cache when S3 cannot be reached, and a clear startup error otherwise. An object
+key or a URI that would put a file outside the cache fails the fetch, naming it, with nothing
+written: at startup, through `POST /models` and through the adapter routes."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,13 +17,19 @@ from pathlib import Path
 import boto3
 import httpx
 import pytest
+from fakes import FakeEngine, served_app
 from moto.server import ThreadedMotoServer
-from server_process import free_port, running_server
+from server_process import free_port, running_server, serving
 
 from handlers.model_fetch import MANIFEST, FetchError, fetch_s3
 from handlers.model_source import ModelSourceError, model_files_in, resolve_model_source
+from handlers.server.fleet import Fleet
 
 URI = "s3://models/tiny-model"
+# Keys whose `..` segments climb from the download's staging folder
+# (<tmp>/cache/s3/models/.<prefix>.XXXX) to the test's own <tmp>: each names a file there.
+CLIMBING = {"evil-model": "evil-model/../../../../escaped.txt",
+            "evil-adapter": "evil-adapter/../../../../escaped.txt"}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +45,11 @@ def s3_env(tiny_dir) -> Iterator[dict[str, str]]:
     client.create_bucket(Bucket="models")
     for path in sorted(tiny_dir.iterdir()):
         client.upload_file(str(path), "models", f"tiny-model/{path.name}")
+        client.upload_file(str(path), "models", f"evil-model/{path.name}")
+    client.put_object(Bucket="models", Key="evil-adapter/adapter_config.json",
+                      Body=b'{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]}')
+    for key in (*CLIMBING.values(), "../../../outside/notes.txt"):
+        client.put_object(Bucket="models", Key=key, Body=b"written outside the cache")
     try:
         yield env
     finally:
@@ -162,3 +176,68 @@ def test_an_adapter_named_by_an_s3_uri_is_fetched_into_the_cache(aws, s3_env, tm
     assert adapter.source.endswith("fetched from s3://models/adapters/poem")
     with pytest.raises(ConfigError, match=r"LoRA adapter 'poem' \(s3://nowhere/x, "):
         configured("s3://nowhere/x")
+
+
+def files_in(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
+
+
+def test_a_key_climbing_out_of_the_cache_fails_the_fetch_and_writes_nothing(aws, tmp_path):
+    with pytest.raises(FetchError, match=re.escape(
+            f"s3://models/evil-model: the object key {CLIMBING['evil-model']!r} would be written "
+            "outside its folder in the cache; nothing was fetched")):
+        fetch_s3("s3://models/evil-model")
+    assert not (tmp_path / "escaped.txt").exists()
+    assert files_in(aws) == []  # not one of the model's good files either
+
+
+@pytest.mark.parametrize("uri", ["s3://models/../../../outside", "s3://models//outside",
+                                 "s3://../models"])
+def test_a_uri_whose_prefix_or_bucket_climbs_out_is_refused_unfetched(aws, tmp_path, uri):
+    with pytest.raises(FetchError, match=re.escape(
+            f"{uri}: its bucket and prefix name no folder inside the cache")):
+        fetch_s3(uri)
+    assert not (tmp_path / "outside").exists() and files_in(aws) == []
+
+
+@pytest.mark.e2e
+def test_a_climbing_key_stops_startup_naming_it(s3_env, tmp_path):
+    env = {**s3_env, "LMI_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "handlers.cli", "--port", str(free_port()), "--grpc-port", "0",
+            "--option", "option.model_id=s3://models/evil-model",
+            "--option", "option.embedding_model_id=none"]
+    done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    assert (f"option.model_id s3://models/evil-model: the object key "
+            f"{CLIMBING['evil-model']!r} would be written outside") in done.stderr
+    assert not (tmp_path / "escaped.txt").exists() and files_in(tmp_path / "cache") == []
+
+
+@pytest.fixture
+def management(aws) -> Iterator[tuple[str, FakeEngine]]:
+    """A server over a FakeEngine that loads models at runtime and takes adapters."""
+    engine = FakeEngine()
+    fleet = Fleet(lambda name, path: FakeEngine(model_name=name))
+    app = served_app(engine, fleet=fleet, model_dir=aws.parent, adapter_roots=(aws.parent,),
+                     model_roots=(aws.parent,))
+    with serving(app) as url:
+        yield url, engine
+
+
+def test_the_management_routes_refuse_a_climbing_key_naming_it(management, aws, tmp_path):
+    url, engine = management
+    model = httpx.post(f"{url}/models", timeout=60,
+                       json={"model_name": "evil", "url": "s3://models/evil-model"})
+    adapter = httpx.post(f"{url}/adapters", timeout=60,
+                         params={"name": "evil", "src": "s3://models/evil-adapter"})
+    vllm = httpx.post(f"{url}/v1/load_lora_adapter", timeout=60,
+                      json={"lora_name": "evil", "lora_path": "s3://models/evil-adapter"})
+    for answer, message, key in ((model, model.json().get("message"), "evil-model"),
+                                 (adapter, adapter.json().get("message"), "evil-adapter"),
+                                 (vllm, vllm.json()["error"]["message"], "evil-adapter")):
+        assert answer.status_code == 400, answer.text
+        assert f"the object key {CLIMBING[key]!r} would be written outside" in message
+        assert str(tmp_path) not in answer.text
+    assert not (tmp_path / "escaped.txt").exists() and files_in(aws) == []
+    assert engine.adapters == () and httpx.get(f"{url}/models").json() == {"models": []}
