@@ -111,6 +111,7 @@ def server_settings(config: Config) -> ServerSettings:
         model_dir=config.model_dir,
         adapter_roots=adapter_roots(config),
         model_roots=model_roots(config),
+        runtime_fetch=config.allow_runtime_fetch,
     )
 
 

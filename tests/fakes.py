@@ -110,6 +110,7 @@ class FakeEngine:
     dtype: str = "float32"
     device: str = "cpu"
     adapters: tuple[str, ...] = ()  # LoRA adapters a request may name (it runs them alike)
+    lora: bool = True  # false: LoRA is off, as option.enable_lora=false turns a real engine's
     answer_parsing: Any = None  # chat answers are read by the protocols' parsers
     group_window: int | None = None  # engine requests of one client request held at once
     token_delay: float = 0.0  # seconds per engine step
@@ -175,9 +176,12 @@ class FakeEngine:
         return {"running_requests": running, "finished_requests": len(self.finished)}
 
     def adapter_activity(self) -> AdapterActivity | None:
-        return None  # LoRA off: the real engines' activity has tests of its own
+        # None says LoRA is off; the real engines' activity has tests of its own.
+        return AdapterActivity(4, (), ()) if self.lora else None
 
     async def add_adapter(self, name: str, path: Path) -> None:
+        if not self.lora:
+            raise AdapterError("LoRA is off: set option.enable_lora=true to register adapters")
         self.adapters = (*self.adapters, name)  # runs like the base model, as every adapter
 
     async def pin_adapter(self, name: str, pinned: bool) -> None:

@@ -63,11 +63,12 @@ def blob_id(data: bytes) -> str:
 
 @dataclass
 class HubStandIn:
-    """The Hub for `repos` (by id), counting the file downloads it serves."""
+    """The Hub for `repos` (by id), counting the file downloads it serves and every call."""
 
     repos: dict[str, FakeRepo]
     url: str = ""
     downloads: list[str] = field(default_factory=list)  # "repo_id/filename" per file GET
+    asked: list[str] = field(default_factory=list)  # "METHOD path" per call about a repo
 
     def app(self) -> Starlette:
         repo = "/{org}/{name}"
@@ -82,6 +83,7 @@ class HubStandIn:
     def _find(self, request: Request) -> tuple[FakeRepo, str]:
         """The repo and the commit a request names: "main" (also when none is named) or the
         repo's sha."""
+        self.asked.append(f"{request.method} {request.url.path}")
         params = request.path_params
         repo = self.repos.get(f"{params['org']}/{params['name']}")
         if repo is None:

@@ -22,7 +22,7 @@ _GENERATION_ONLY = ("rolling_batch", "output_formatter", "tgi_compat", "enable_s
                     "max_consecutive_failures", "reasoning_parser", "tool_call_parser",
                     "enable_auto_tool_choice", "enable_stateful_sessions",
                     "sessions_expiration", "max_sessions", "max_sessions_per_client",
-                    "max_models", "max_client_batch_size")
+                    "max_models", "max_client_batch_size", "allow_runtime_fetch")
 _ROLLING_ONLY = ("output_formatter", "tgi_compat")
 _DYNAMIC_ONLY = ("max_batch_delay", "enable_streaming")
 

@@ -113,6 +113,10 @@ SETTINGS: tuple[Setting, ...] = (
     # Models loaded at runtime (SageMaker's multi-model POST /models) at most; unset: as many
     # as memory holds. Past it, the least recently used is unloaded.
     Setting("option.max_models", "max_models", values.optional_integer, None),
+    # Whether the management routes (POST /models, DJL's adapter API, vLLM's load_lora_adapter)
+    # may fetch an s3:// URI or a Hugging Face Hub id at runtime; off, they read local
+    # directories only (SageMaker's multi-model mode passes those, under /opt/ml/models).
+    Setting("option.allow_runtime_fetch", "allow_runtime_fetch", values.boolean, False),
     Setting("option.model_loading_timeout", "model_loading_timeout", values.integer(1), 1800),
     # uvicorn's name: seconds requests get to finish once SIGTERM came; then those still running
     # end with their protocol's error and the process exits 0 (SageMaker kills at 30 s).

@@ -98,6 +98,7 @@ class Config:
     max_sessions: int
     max_sessions_per_client: int | None  # None: no bound per client address
     max_models: int | None  # None: as memory allows
+    allow_runtime_fetch: bool  # the management routes may fetch s3:// and Hub sources
     max_consecutive_failures: int  # 0: never
     engine: str  # DJL's engine: Python | MPI
     max_rolling_batch_size: int

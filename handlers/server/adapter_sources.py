@@ -1,16 +1,20 @@
 """Where the management APIs may read an adapter (or a model loaded at runtime) from.
 
-A `src` is a local directory, an `s3://` URI or a Hugging Face Hub id; remote ones are fetched
-into the model cache as models are (handlers/model_source.py). A local one must lie, once every
-symlink is resolved, inside one of the configured roots (the model directory, the model cache,
-the folders of the adapters configured at startup): the API must not read arbitrary files.
+A `src` is a local directory, an `s3://` URI or a Hugging Face Hub id. A remote one is fetched
+into the model cache as models are (handlers/model_source.py), and only where
+option.allow_runtime_fetch allows it: off, the server downloads nothing after startup. A local
+one must lie, once every symlink is resolved, inside one of the configured roots (the model
+directory, the model cache, the folders of the adapters configured at startup): the API must
+not read arbitrary files. Refusals name the `src` as the client sent it, never a server path.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from handlers.model_source import ModelSourceError, fetch, is_remote
+from handlers.model_source import ModelSourceError, check_remote, fetch, is_remote
+
+ALLOW_FETCH = "option.allow_runtime_fetch"
 
 
 class SourceRefused(ValueError):
@@ -18,10 +22,12 @@ class SourceRefused(ValueError):
 
 
 def resolve_source(src: str, roots: tuple[Path, ...], base: Path, what: str = "adapters",
-                   field: str = "src", files: tuple[str, ...] = ()) -> Path:
+                   field: str = "src", files: tuple[str, ...] = (), *,
+                   fetch_allowed: bool = False) -> Path:
     """The local directory `src` names (relative paths from `base`, the model directory);
-    fetched first when remote (slow: call it off the event loop). `what` is read, as the
-    request's `field`; a file ending in one of `files` is read as well as a directory."""
+    fetched first when remote and `fetch_allowed` (slow: call it off the event loop). `what` is
+    read, as the request's `field`; a file ending in one of `files` is read as well as a
+    directory."""
     if "\0" in src:
         raise SourceRefused(f"{field}={src!r} is no usable path: it holds a NUL byte")
     try:
@@ -29,10 +35,7 @@ def resolve_source(src: str, roots: tuple[Path, ...], base: Path, what: str = "a
     except OSError:  # a name the file system refuses: no local adapter either
         remote = False
     if remote:
-        try:
-            return fetch(src)
-        except ModelSourceError as exc:
-            raise SourceRefused(f"{field}={src!r} cannot be fetched: {exc}") from None
+        return _fetched(src, field, fetch_allowed)
     try:
         path = Path(src).expanduser()
         resolved = (path if path.is_absolute() else base / path).resolve()
@@ -46,6 +49,20 @@ def resolve_source(src: str, roots: tuple[Path, ...], base: Path, what: str = "a
         raise SourceRefused(f"{field}={src!r} is not a directory" + (
             f" (or a {', '.join(files)} file)" if files else ""))
     return resolved
+
+
+def _fetched(src: str, field: str, fetch_allowed: bool) -> Path:
+    """The local copy of remote `src`: a malformed one, or any with fetching off, is refused
+    before the network is asked."""
+    try:
+        check_remote(src)
+        if not fetch_allowed:
+            where = "S3" if src.startswith("s3://") else "the Hugging Face Hub"
+            raise SourceRefused(f"{field}={src!r} names no local directory, and fetching from "
+                                f"{where} at runtime is off ({ALLOW_FETCH}=false)")
+        return fetch(src)
+    except ModelSourceError as exc:
+        raise SourceRefused(f"{field}: {exc}") from None
 
 
 def _is_dir(path: Path) -> bool:

@@ -84,6 +84,7 @@ class ServerSettings:
     model_dir: Path = Path(".")  # where relative adapter sources are read from
     adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
     model_roots: tuple[Path, ...] = ()  # the only places POST /models reads from
+    runtime_fetch: bool = False  # option.allow_runtime_fetch: those may fetch s3:// or Hub ids
 
     def chat_format(self, engine: Engine) -> ChatFormat:
         """How `engine`'s chat answers are read: by its own parsers where it has them."""

@@ -2,10 +2,13 @@
 server into the cache directory: a whole copy or none, reused while the objects are unchanged,
 served from the cache when S3 cannot be reached, and a clear startup error otherwise. An object
 key or a URI that would put a file outside the cache fails the fetch, naming it, with nothing
-written: at startup, through `POST /models` and through the adapter routes."""
+written: at startup, through `POST /models` and through the adapter routes. Those routes fetch
+only with option.allow_runtime_fetch=true, and an adapter route with LoRA off refuses before
+S3 is asked."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -46,8 +49,9 @@ def s3_env(tiny_dir) -> Iterator[dict[str, str]]:
     for path in sorted(tiny_dir.iterdir()):
         client.upload_file(str(path), "models", f"tiny-model/{path.name}")
         client.upload_file(str(path), "models", f"evil-model/{path.name}")
-    client.put_object(Bucket="models", Key="evil-adapter/adapter_config.json",
-                      Body=b'{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]}')
+    for adapter in ("evil-adapter", "good-adapter"):
+        client.put_object(Bucket="models", Key=f"{adapter}/adapter_config.json",
+                          Body=b'{"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"]}')
     for key in (*CLIMBING.values(), "../../../outside/notes.txt"):
         client.put_object(Bucket="models", Key=key, Body=b"written outside the cache")
     try:
@@ -214,15 +218,28 @@ def test_a_climbing_key_stops_startup_naming_it(s3_env, tmp_path):
     assert not (tmp_path / "escaped.txt").exists() and files_in(tmp_path / "cache") == []
 
 
+@contextlib.contextmanager
+def managing(engine: FakeEngine, cache: Path, **settings) -> Iterator[str]:
+    """A server over `engine` that loads models at runtime (FakeEngines, by name) and takes
+    adapters, from the folder that holds `cache`."""
+    fleet = Fleet(lambda name, path: FakeEngine(model_name=name))
+    root = cache.parent
+    with serving(served_app(engine, fleet=fleet, model_dir=root, adapter_roots=(root,),
+                            model_roots=(root,), **settings)) as url:
+        yield url
+
+
 @pytest.fixture
 def management(aws) -> Iterator[tuple[str, FakeEngine]]:
-    """A server over a FakeEngine that loads models at runtime and takes adapters."""
+    """A server over a FakeEngine that may fetch models and adapters at runtime."""
     engine = FakeEngine()
-    fleet = Fleet(lambda name, path: FakeEngine(model_name=name))
-    app = served_app(engine, fleet=fleet, model_dir=aws.parent, adapter_roots=(aws.parent,),
-                     model_roots=(aws.parent,))
-    with serving(app) as url:
+    with managing(engine, aws, runtime_fetch=True) as url:
         yield url, engine
+
+
+def s3_calls(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The requests the moto server answered (werkzeug's access lines)."""
+    return [r.getMessage() for r in caplog.records if r.name == "werkzeug"]
 
 
 def test_the_management_routes_refuse_a_climbing_key_naming_it(management, aws, tmp_path):
@@ -241,3 +258,78 @@ def test_the_management_routes_refuse_a_climbing_key_naming_it(management, aws, 
         assert str(tmp_path) not in answer.text
     assert not (tmp_path / "escaped.txt").exists() and files_in(aws) == []
     assert engine.adapters == () and httpx.get(f"{url}/models").json() == {"models": []}
+
+
+def test_runtime_fetches_are_off_by_default_and_refused_before_s3_is_asked(aws, caplog):
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    engine = FakeEngine()
+    with managing(engine, aws) as url:
+        model = httpx.post(f"{url}/models", json={"model_name": "m", "url": URI})
+        adapter = httpx.post(f"{url}/models/fake-model/adapters",
+                             params={"name": "a", "src": "s3://models/good-adapter"})
+        vllm = httpx.post(f"{url}/v1/load_lora_adapter",
+                          json={"lora_name": "a", "lora_path": "s3://models/good-adapter"})
+    off = "names no local directory, and fetching from S3 at runtime is off " \
+          "(option.allow_runtime_fetch=false)"
+    assert (model.status_code, model.json()) == (400, {
+        "code": 400, "type": "BadRequestException", "message": f"url={URI!r} {off}"})
+    assert (adapter.status_code, adapter.json()["message"]) == (
+        400, f"src='s3://models/good-adapter' {off}")
+    assert (vllm.status_code, vllm.json()["error"]["message"]) == (
+        400, f"lora_path='s3://models/good-adapter' {off}")
+    assert s3_calls(caplog) == [] and not aws.exists()
+    assert engine.adapters == ()
+
+
+def test_with_lora_off_an_adapter_is_refused_before_s3_is_asked(aws, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    with managing(FakeEngine(lora=False), aws, runtime_fetch=True) as url:
+        djl = httpx.post(f"{url}/adapters", params={"name": "a", "src": "s3://models/evil-adapter"})
+        vllm = httpx.post(f"{url}/v1/load_lora_adapter",
+                          json={"lora_name": "a", "lora_path": "s3://models/evil-adapter"})
+    off = "LoRA is off: set option.enable_lora=true to register adapters"
+    assert (djl.status_code, djl.json()["message"]) == (400, off)
+    assert (vllm.status_code, vllm.json()["error"]["message"]) == (400, off)
+    assert s3_calls(caplog) == [] and not aws.exists()
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_with_option_allow_runtime_fetch_models_and_adapters_come_from_s3(management, aws):
+    url, engine = management
+    model = httpx.post(f"{url}/models", timeout=60, json={"model_name": "m", "url": URI})
+    adapter = httpx.post(f"{url}/adapters", timeout=60,
+                         params={"name": "a", "src": "s3://models/good-adapter"})
+    assert model.status_code == 200 and adapter.status_code == 200, (model.text, adapter.text)
+    assert (aws / "s3" / "models" / "tiny-model" / "model.safetensors").is_file()
+    assert (aws / "s3" / "models" / "good-adapter" / "adapter_config.json").is_file()
+    assert httpx.post(f"{url}/models/m/invoke", json={"inputs": "a"}).status_code == 200
+    assert engine.adapters == ("a",)
+
+
+@pytest.mark.e2e
+def test_a_real_server_fetches_at_runtime_with_option_allow_runtime_fetch(s3_env, tiny_dir,
+                                                                          tmp_path, caplog):
+    """The key, set in serving.properties' way, reaches the routes of a real server: a model
+    comes from S3 through POST /models; a climbing key is refused naming it, writing nothing;
+    an adapter is refused before S3 is asked while the torch engine's LoRA is off."""
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    cache = tmp_path / "cache"
+    options = (f"option.model_id={tiny_dir}", "option.embedding_model_id=none",
+               "option.allow_runtime_fetch=true", "option.dtype=fp32")
+    with running_server(*options, env={**s3_env, "LMI_CACHE_DIR": str(cache)},
+                        log_path=tmp_path / "server.log") as url:
+        before = len(s3_calls(caplog))
+        adapter = httpx.post(f"{url}/adapters", params={"name": "a", "src": "s3://models/x"})
+        assert len(s3_calls(caplog)) == before
+        evil = httpx.post(f"{url}/models", timeout=120,
+                          json={"model_name": "evil", "url": "s3://models/evil-model"})
+        loaded = httpx.post(f"{url}/models", timeout=300, json={"model_name": "m", "url": URI})
+        invoked = httpx.post(f"{url}/models/m/invoke", timeout=120, json={
+            "inputs": "Hello", "parameters": {"max_new_tokens": 2}})
+    assert (adapter.status_code, adapter.json()["message"]) == (
+        400, "LoRA is off: set option.enable_lora=true to register adapters")
+    assert evil.status_code == 400
+    assert f"the object key {CLIMBING['evil-model']!r} would be written" in evil.json()["message"]
+    assert not (tmp_path / "escaped.txt").exists()
+    assert loaded.status_code == 200, loaded.text
+    assert invoked.status_code == 200 and invoked.json()["generated_text"]

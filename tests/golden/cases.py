@@ -360,7 +360,7 @@ def _answer(response: httpx.Response) -> dict[str, Any]:
 
 async def _run_group(settings: dict[str, Any], loaded: bool, cases: list[Case]
                      ) -> dict[str, Any]:
-    engine = FakeEngine()
+    engine = FakeEngine(lora=False)  # as recorded: no adapters, so no LoRA series in /metrics
     embedder = FakeEmbeddingEngine() if settings.pop("embedder", True) else None
     app = served_app(engine, embedder, loaded=loaded, **settings)
     transport = httpx.ASGITransport(app=app)

@@ -1,10 +1,13 @@
 """The adapter management API, its shapes and its guards, over the FakeEngine (which serves
 any adapter it is given like the base model; the torch engine loads them for real in
 tests/e2e/test_lora.py): DJL Serving's `/models/{m}/adapters` routes and `/adapters` short form,
-vLLM's load/unload routes, the roots a source must lie in, the API key and the body limit."""
+vLLM's load/unload routes, the roots a source must lie in, the API key and the body limit; a
+Hub id fetched (from a stand-in of the Hub) only with option.allow_runtime_fetch, and nothing
+read or asked while LoRA is off."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -12,6 +15,7 @@ import openai
 import orjson
 import pytest
 from fakes import FakeEngine, served_app
+from hub_standin import FakeRepo, HubStandIn, point_hub_client_at, serving_hub, use_hub_cache
 from server_process import serving
 
 MODEL = "fake-model"
@@ -149,3 +153,55 @@ def test_the_management_routes_require_the_api_key(engine, roots):
         keyed = httpx.post(f"{base}/adapters", params={"name": "poem", "src": str(src)},
                            headers={"Authorization": f"Bearer {KEY}"})
         assert keyed.status_code == 200 and engine.adapters == ("sql", "poem")
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch) -> Iterator[HubStandIn]:
+    """A stand-in of the Hub holding the adapter `org/poem-lora`, with a fresh HF cache."""
+    with serving_hub(FakeRepo("org/poem-lora", adapter_dir(tmp_path / "repo", "poem"))) as hub:
+        point_hub_client_at(monkeypatch, hub.url)
+        use_hub_cache(monkeypatch, tmp_path / "hf")
+        yield hub
+
+
+def register(url: str, src: str) -> tuple[httpx.Response, httpx.Response]:
+    """(DJL's registration, vLLM's load) of `src`."""
+    djl = httpx.post(f"{url}/adapters", params={"name": "poem", "src": src}, timeout=60)
+    vllm = httpx.post(f"{url}/v1/load_lora_adapter", timeout=60,
+                      json={"lora_name": "poem", "lora_path": src})
+    return djl, vllm
+
+
+def test_a_hub_id_is_fetched_only_with_option_allow_runtime_fetch(engine, roots, hub):
+    model_dir, _ = roots
+    model_dir.mkdir()
+    with serving(served_app(engine, model_dir=model_dir, adapter_roots=(model_dir,))) as url:
+        djl, vllm = register(url, "org/poem-lora")
+    off = ("names no local directory, and fetching from the Hugging Face Hub at runtime is off "
+           "(option.allow_runtime_fetch=false)")
+    assert (djl.status_code, djl.json()["message"]) == (400, f"src='org/poem-lora' {off}")
+    assert (vllm.status_code, vllm.json()["error"]["message"]) == (
+        400, f"lora_path='org/poem-lora' {off}")
+    assert hub.asked == [] and engine.adapters == ("sql",)
+    allowed = FakeEngine()
+    with serving(served_app(allowed, model_dir=model_dir, adapter_roots=(model_dir,),
+                            runtime_fetch=True)) as url:
+        djl, _ = register(url, "org/poem-lora")
+    assert djl.status_code == 200, djl.text
+    assert hub.downloads == ["org/poem-lora/adapter_config.json"]
+    assert allowed.adapters == ("poem",)
+
+
+def test_with_lora_off_nothing_is_read_or_fetched(roots, hub):
+    """LoRA off refuses first: not a Hub call, not a look at the roots."""
+    model_dir, elsewhere = roots
+    model_dir.mkdir()
+    engine = FakeEngine(lora=False)
+    with serving(served_app(engine, model_dir=model_dir, adapter_roots=(model_dir,),
+                            runtime_fetch=True)) as url:
+        answers = [*register(url, "org/poem-lora"), *register(url, str(elsewhere))]
+    off = "LoRA is off: set option.enable_lora=true to register adapters"
+    assert [a.status_code for a in answers] == [400] * 4
+    assert [answers[0].json()["message"], answers[1].json()["error"]["message"],
+            answers[2].json()["message"], answers[3].json()["error"]["message"]] == [off] * 4
+    assert hub.asked == [] and not (model_dir.parent / "hf").exists()

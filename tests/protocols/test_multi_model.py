@@ -2,7 +2,8 @@
 `TargetModel`) drives it, on a server whose models are FakeEngines: models loaded by name
 answer under it on every route that names a model, are listed, described and unloaded; a name
 loaded twice is 409, a model that cannot fit is 507, an unloaded one is 404; the least recently
-used gives way at option.max_models; each has its own series in /metrics."""
+used gives way at option.max_models; each has its own series in /metrics. A Hub id is fetched
+(from a stand-in of the Hub) only with option.allow_runtime_fetch."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import openai
 import pytest
 from botocore.config import Config
 from fakes import FakeEngine, served_app
+from hub_standin import FakeRepo, point_hub_client_at, serving_hub, use_hub_cache
 from server_process import serving
 
 from handlers.server.fleet import OVERHEAD, Fleet
@@ -158,3 +160,23 @@ def test_a_load_body_over_the_size_limit_is_refused(tmp_path):
                             model_roots=(tmp_path,))) as url:
         refused = httpx.post(f"{url}/models", json={"model_name": "m", "url": "x" * 200})
     assert refused.status_code == 413 and "larger than the limit" in refused.json()["message"]
+
+
+def test_a_hub_model_is_fetched_only_with_option_allow_runtime_fetch(tmp_path, monkeypatch):
+    repo = model_dir(tmp_path / "repo", "m")
+    (repo / "config.json").write_text("{}")
+    with serving_hub(FakeRepo("org/m", repo)) as hub:
+        point_hub_client_at(monkeypatch, hub.url)
+        use_hub_cache(monkeypatch, tmp_path / "hf")
+        built = Built()
+        with serving(served_app(FakeEngine(), fleet=Fleet(built), model_roots=(tmp_path,))) as url:
+            refused = load(url, "m", "org/m")
+        assert (refused.status_code, refused.json()["message"]) == (400, (
+            "url='org/m' names no local directory, and fetching from the Hugging Face Hub at "
+            "runtime is off (option.allow_runtime_fetch=false)"))
+        assert hub.asked == [] and not built.engines
+        with serving(served_app(FakeEngine(), fleet=Fleet(built), model_roots=(tmp_path,),
+                                runtime_fetch=True)) as url:
+            assert load(url, "m", "org/m").status_code == 200
+        assert sorted(hub.downloads) == ["org/m/config.json", "org/m/model.safetensors"]
+        assert "m" in built.engines

@@ -1,8 +1,10 @@
 """LoRA adapters managed at runtime over HTTP: DJL Serving's adapter API, under
 `/models/{model}/adapters` and, for a single model, `/adapters`; and vLLM's
 `POST /v1/load_lora_adapter` / `/v1/unload_lora_adapter` (handlers/protocols/
-adapter_management.py reads both). A source is read only from the allowed roots
-(handlers/server/adapter_sources.py); the API key guards these routes as every other.
+adapter_management.py reads both). An engine with LoRA off refuses a registration before its
+source is looked at; a source is read only from the allowed roots, and fetched only where
+option.allow_runtime_fetch allows it (handlers/server/adapter_sources.py); the API key guards
+these routes as every other.
 """
 
 from __future__ import annotations
@@ -143,12 +145,16 @@ def _served(engine: Engine, name: str, error: type[ProtocolError]) -> None:
 
 
 async def _add(ctx: ServerContext, engine: Engine, name: str, src: str,
-               error: type[ProtocolError]) -> None:
+               error: type[ProtocolError], field: str = "src") -> None:
+    """Serve adapter `src` (the request's `field`) as `name`."""
+    if engine.adapter_activity() is None:  # LoRA is off: nothing read, nothing fetched
+        raise error("LoRA is off: set option.enable_lora=true to register adapters")
     if name in engine.adapters or name == ctx.settings.model_name:
         raise error(f"The lora adapter '{name}' has already been loaded.")
     settings = ctx.settings
     try:
-        path = await ctx.offload(resolve_source, src, settings.adapter_roots, settings.model_dir)
+        path = await ctx.offload(resolve_source, src, settings.adapter_roots, settings.model_dir,
+                                 field=field, fetch_allowed=settings.runtime_fetch)
     except SourceRefused as exc:
         raise error(str(exc)) from None
     await _engine_call(engine.add_adapter(name, path), error)
@@ -184,7 +190,7 @@ def _vllm_error(message: str, kind: ErrorKind = ErrorKind.VALIDATION) -> OpenAIE
 
 async def _load(ctx: ServerContext, engine: Engine, body: Any) -> Answer:
     wanted: LoadLoraAdapter = vllm_body(LoadLoraAdapter, body, _vllm_error)
-    await _add(ctx, engine, wanted.lora_name, wanted.lora_path, _vllm_error)
+    await _add(ctx, engine, wanted.lora_name, wanted.lora_path, _vllm_error, "lora_path")
     ctx.adapter_records[wanted.lora_name] = AdapterRecord(wanted.lora_name, wanted.lora_path)
     return Reply(200, f"Success: LoRA adapter '{wanted.lora_name}' added successfully.")
 

@@ -3,9 +3,9 @@ models): `POST /models` loads `{"model_name", "url"}` (409 for a name loaded alr
 it cannot fit), `GET /models` lists them (`limit`, `next_page_token`), `GET /models/{name}`
 describes one, `DELETE /models/{name}` unloads it, and `POST /models/{name}/invoke` answers as
 `/invocations` does, for that model (404 for one not loaded). A model is read only from the
-allowed roots (SageMaker's /opt/ml/models, the model directory, the model cache) or fetched
-from `s3://` / the Hub into the cache, as the adapter API reads adapters. Errors are DJL's
-management bodies `{"code", "type", "message"}`.
+allowed roots (SageMaker's /opt/ml/models, the model directory, the model cache), or fetched
+from `s3://` / the Hub into the cache where option.allow_runtime_fetch allows it, as the
+adapter API reads adapters. Errors are DJL's management bodies `{"code", "type", "message"}`.
 """
 
 from __future__ import annotations
@@ -103,16 +103,18 @@ async def _load(ctx: ServerContext, body: Any) -> Answer:
         values.model_name(wanted.model_name)  # requests name it in URL paths
     except ValueError as exc:
         raise DjlManagementError(f"model_name={wanted.model_name!r}: {exc}") from None
-    if ctx.served(wanted.model_name) is not None and wanted.model_name not in _fleet(ctx).models:
+    fleet = _fleet(ctx)  # a server that loads no models reads and fetches nothing
+    if ctx.served(wanted.model_name) is not None and wanted.model_name not in fleet.models:
         return _refused(FleetError(409, f"model {wanted.model_name!r} is the server's own"))
     settings = ctx.settings
     try:
         path = await ctx.offload(resolve_source, wanted.url, settings.model_roots,
-                                 settings.model_dir, "models", "url", MODEL_FILES)
+                                 settings.model_dir, "models", "url", MODEL_FILES,
+                                 fetch_allowed=settings.runtime_fetch)
     except SourceRefused as exc:
         raise DjlManagementError(str(exc)) from None
     try:
-        await _fleet(ctx).load(wanted.model_name, path, wanted.url)
+        await fleet.load(wanted.model_name, path, wanted.url)
     except FleetError as exc:
         return _refused(exc)
     except Exception as exc:  # the model's files or its engine: the client's to fix or see
