@@ -10,9 +10,12 @@ not read arbitrary files. Refusals name the `src` as the client sent it, never a
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from handlers.model_source import ModelSourceError, check_remote, fetch, is_remote
+
+log = logging.getLogger(__name__)
 
 ALLOW_FETCH = "option.allow_runtime_fetch"
 
@@ -39,12 +42,16 @@ def resolve_source(src: str, roots: tuple[Path, ...], base: Path, what: str = "a
     try:
         path = Path(src).expanduser()
         resolved = (path if path.is_absolute() else base / path).resolve()
-    except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a symlink loop, ~nobody
-        raise SourceRefused(f"{field}={src!r} is no usable path: {exc}") from None
+    except (OSError, ValueError, RuntimeError) as exc:  # a symlink loop, ~nobody
+        log.info("%s=%r is no usable path: %s", field, src, exc)  # the texts name server paths
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+            "it does not resolve: a symlink loop, or the home of no user"
+        raise SourceRefused(f"{field}={src!r} is no usable path ({reason})") from None
     if not any(resolved.is_relative_to(root.resolve()) for root in roots):
-        allowed = ", ".join(str(root) for root in roots) or "none configured"
+        log.info("%s=%r (%s) is outside the roots %s may be read from: %s", field, src,
+                 resolved, what, ", ".join(str(root) for root in roots) or "none configured")
         raise SourceRefused(f"{field}={src!r} is outside the directories {what} may be read "
-                            f"from ({allowed})")
+                            "from")
     if not _is_dir(resolved) and not (resolved.suffix in files and resolved.is_file()):
         raise SourceRefused(f"{field}={src!r} is not a directory" + (
             f" (or a {', '.join(files)} file)" if files else ""))
@@ -63,6 +70,13 @@ def _fetched(src: str, field: str, fetch_allowed: bool) -> Path:
         return fetch(src)
     except ModelSourceError as exc:
         raise SourceRefused(f"{field}: {exc}") from None
+
+
+def as_sent(message: str, path: Path, src: str) -> str:
+    """`message` (an engine's or a loader's, about the source read from `path`) with that path
+    said as the client sent it, `src`: answers name what the client sent, never where the
+    server keeps it."""
+    return message.replace(str(path), src)
 
 
 def _is_dir(path: Path) -> bool:

@@ -27,6 +27,7 @@ def test_models_load_answer_unload_and_free_their_memory(tiny_dir, tmp_path):
         make_tiny_model_dir(root / name / "model", width=width)
     huge = root / "huge" / "model"
     huge.mkdir(parents=True)
+    (huge / "config.json").write_text("{}")  # a checkpoint's layout: refused for its size alone
     with open(huge / "model.safetensors", "wb") as weights:  # sparse: no disk, no memory
         weights.truncate(1 << 40)
     options = (f"option.model_id={tiny_dir}", "option.embedding_model_id=none",

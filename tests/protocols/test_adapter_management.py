@@ -106,6 +106,30 @@ def test_a_source_outside_the_allowed_roots_is_refused(url, engine, roots, src):
     assert engine.adapters == ("sql",)
 
 
+@pytest.mark.parametrize(("src", "problem"), [
+    ("/etc", "src='/etc' is outside the directories adapters may be read from"),
+    ("../elsewhere/a", "src='../elsewhere/a' is outside the directories adapters may be read "
+                       "from"),
+    ("loop", "src='loop' is no usable path (it does not resolve: a symlink loop, or the home "
+             "of no user)"),
+    ("a/..", "src: a/..: not a Hugging Face Hub id"),
+])
+def test_refusals_name_what_the_client_sent_never_a_server_path(url, engine, roots, src,
+                                                                 problem):
+    """A 400 in each dialect naming the `src` as sent: not the roots it may be read from, not
+    the path it resolved to (a symlink loop's message names it), not a traceback's 500."""
+    model_dir, elsewhere = roots
+    adapter_dir(elsewhere, "a")
+    (model_dir / "loop").symlink_to(model_dir / "loop")
+    djl, vllm = register(url, src)
+    assert djl.status_code == vllm.status_code == 400, (djl.text, vllm.text)
+    assert djl.json()["message"].startswith(problem)
+    assert vllm.json()["error"]["message"].startswith(problem.replace("src", "lora_path", 1))
+    for answer in (djl, vllm):
+        assert str(model_dir.parent) not in answer.text
+    assert engine.adapters == ("sql",)
+
+
 def test_vllms_load_and_unload_routes(url, engine, roots):
     model_dir, _ = roots
     src = adapter_dir(model_dir, "poem")

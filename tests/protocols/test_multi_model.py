@@ -40,6 +40,7 @@ class Built:
 def model_dir(root: Path, name: str, size: int = 1000) -> Path:
     folder = root / name / "model"
     folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")  # a checkpoint's files, as the server asks
     (folder / "model.safetensors").write_bytes(b"\0" * size)
     return folder
 
@@ -116,11 +117,12 @@ def test_loading_twice_or_what_cannot_fit_is_refused_and_unloaded_is_404(served)
 
 
 def test_a_model_outside_the_allowed_roots_is_never_read(served, tmp_path_factory):
-    url, built, _ = served
+    url, built, root = served
     elsewhere = model_dir(tmp_path_factory.mktemp("elsewhere"), "x")
     for source in (elsewhere, "/etc", "../../etc"):
         refused = load(url, "x", source)
         assert refused.status_code == 400 and "outside" in refused.json()["message"]
+        assert str(root) not in refused.text  # the roots it may be read from are the server's
     assert load(url, "bad/name", elsewhere).status_code == 400
     assert httpx.post(f"{url}/models", json={"model_name": "x"}).status_code == 400
     assert not built.engines
@@ -164,7 +166,6 @@ def test_a_load_body_over_the_size_limit_is_refused(tmp_path):
 
 def test_a_hub_model_is_fetched_only_with_option_allow_runtime_fetch(tmp_path, monkeypatch):
     repo = model_dir(tmp_path / "repo", "m")
-    (repo / "config.json").write_text("{}")
     with serving_hub(FakeRepo("org/m", repo)) as hub:
         point_hub_client_at(monkeypatch, hub.url)
         use_hub_cache(monkeypatch, tmp_path / "hf")
@@ -180,3 +181,35 @@ def test_a_hub_model_is_fetched_only_with_option_allow_runtime_fetch(tmp_path, m
             assert load(url, "m", "org/m").status_code == 200
         assert sorted(hub.downloads) == ["org/m/config.json", "org/m/model.safetensors"]
         assert "m" in built.engines
+
+
+def test_a_folder_without_a_model_is_a_400_naming_the_url(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README.md").write_text("no weights here")
+    twins = tmp_path / "twins" / "model"
+    twins.mkdir(parents=True)
+    for name in ("a.gguf", "b.gguf"):
+        (twins / name).write_bytes(b"GGUF")
+    built = Built()
+    with serving(served_app(FakeEngine(), fleet=Fleet(built), model_dir=tmp_path,
+                            model_roots=(tmp_path,))) as url:
+        empty, several = load(url, "m", "notes"), load(url, "m", "twins/model")
+    assert (empty.status_code, empty.json()) == (400, {
+        "code": 400, "type": "BadRequestException", "message": "url='notes' holds no model "
+        "files (config.json with *.safetensors, or one .gguf file)"})
+    assert (several.status_code, several.json()["message"]) == (
+        400, "url='twins/model' holds several .gguf files: name one of them")
+    assert not built.engines
+
+
+def test_a_load_failure_names_the_url_not_where_the_server_keeps_it(tmp_path):
+    def failing(name: str, path: Path) -> FakeEngine:
+        raise ValueError(f"{path / 'config.json'} is no JSON")
+
+    model_dir(tmp_path, "broken")
+    with serving(served_app(FakeEngine(), fleet=Fleet(failing), model_dir=tmp_path,
+                            model_roots=(tmp_path,))) as url:
+        failed = load(url, "m", "broken/model")
+    assert (failed.status_code, failed.json()["message"]) == (
+        500, "model 'm' failed to load: broken/model/config.json is no JSON")
+    assert str(tmp_path) not in failed.text

@@ -9,6 +9,7 @@ these routes as every other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
@@ -32,7 +33,7 @@ from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.errors import ErrorKind, ProtocolError
 from handlers.protocols.schemas.djl import DjlAdapter, DjlAdapterList, DjlErrorBody, DjlStatus
 from handlers.protocols.schemas.openai import OpenAIErrorBody
-from handlers.server.adapter_sources import SourceRefused, resolve_source
+from handlers.server.adapter_sources import SourceRefused, as_sent, resolve_source
 from handlers.server.context import ServerContext
 from handlers.server.framing import Answer, Reply
 from handlers.server.http.answers import to_response
@@ -157,14 +158,17 @@ async def _add(ctx: ServerContext, engine: Engine, name: str, src: str,
                                  field=field, fetch_allowed=settings.runtime_fetch)
     except SourceRefused as exc:
         raise error(str(exc)) from None
-    await _engine_call(engine.add_adapter(name, path), error)
+    await _engine_call(engine.add_adapter(name, path), error, lambda m: as_sent(m, path, src))
 
 
-async def _engine_call(call: Any, error: type[ProtocolError]) -> None:
+async def _engine_call(call: Any, error: type[ProtocolError],
+                       said: Callable[[str], str] = str) -> None:
+    """Await the engine's `call`; its AdapterError as the protocol's `error` (`said`: how its
+    message reaches the client)."""
     try:
         await call
     except AdapterError as exc:
-        raise error(exc.message, ErrorKind.NOT_FOUND if exc.missing else
+        raise error(said(exc.message), ErrorKind.NOT_FOUND if exc.missing else
                     ErrorKind.VALIDATION) from None
 
 

@@ -11,6 +11,7 @@ adapter API reads adapters. Errors are DJL's management bodies `{"code", "type",
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from handlers.config import values
+from handlers.model_source import ModelSourceError, model_files_in
 from handlers.protocols.adapter_management import (
     DjlManagementError,
     LoadModel,
@@ -27,7 +29,7 @@ from handlers.protocols.adapter_management import (
 from handlers.protocols.errors import ErrorKind
 from handlers.protocols.schemas.djl import DjlErrorBody, DjlStatus
 from handlers.protocols.schemas.sagemaker import LoadedModel, LoadedModelList
-from handlers.server.adapter_sources import SourceRefused, resolve_source
+from handlers.server.adapter_sources import SourceRefused, as_sent, resolve_source
 from handlers.server.context import ServerContext
 from handlers.server.fleet import FleetError, FleetModel
 from handlers.server.framing import Answer, Reply
@@ -111,6 +113,7 @@ async def _load(ctx: ServerContext, body: Any) -> Answer:
         path = await ctx.offload(resolve_source, wanted.url, settings.model_roots,
                                  settings.model_dir, "models", "url", MODEL_FILES,
                                  fetch_allowed=settings.runtime_fetch)
+        await ctx.offload(_holds_a_model, path, wanted.url)
     except SourceRefused as exc:
         raise DjlManagementError(str(exc)) from None
     try:
@@ -118,10 +121,24 @@ async def _load(ctx: ServerContext, body: Any) -> Answer:
     except FleetError as exc:
         return _refused(exc)
     except Exception as exc:  # the model's files or its engine: the client's to fix or see
-        log.exception("loading model %s failed", wanted.model_name)
-        raise DjlManagementError(f"model {wanted.model_name!r} failed to load: {exc}",
+        log.exception("loading model %s from %s failed", wanted.model_name, path)
+        said = as_sent(str(exc), path, wanted.url)
+        raise DjlManagementError(f"model {wanted.model_name!r} failed to load: {said}",
                                  ErrorKind.INTERNAL) from None
     return Reply(200, {"status": f"Model {wanted.model_name} loaded"})
+
+
+def _holds_a_model(path: Path, url: str) -> None:
+    """SourceRefused, naming `url`, for a directory with no model the engines load."""
+    if path.is_file():  # a .gguf (resolve_source takes no other file)
+        return
+    try:
+        found = model_files_in(path)
+    except ModelSourceError:  # its only refusal: several .gguf files, and no way to pick one
+        raise SourceRefused(f"url={url!r} holds several .gguf files: name one of them") from None
+    if found is None:
+        raise SourceRefused(f"url={url!r} holds no model files (config.json with "
+                            "*.safetensors, or one .gguf file)")
 
 
 async def _describe(ctx: ServerContext, name: str) -> Answer:
