@@ -214,7 +214,7 @@ def test_a_climbing_key_stops_startup_naming_it(s3_env, tmp_path):
                           timeout=120)
     assert done.returncode == 1
     assert (f"option.model_id s3://models/evil-model: the object key "
-            f"{CLIMBING['evil-model']!r} would be written outside") in done.stderr
+            f"{CLIMBING['evil-model']!r} would be written outside") in done.stdout + done.stderr
     assert not (tmp_path / "escaped.txt").exists() and files_in(tmp_path / "cache") == []
 
 
