@@ -3,7 +3,8 @@ KServe's Hugging Face runtime answers it: a generation model predicts each insta
 embedding model its vector.
 
 An instance is a prompt string, or an object with the prompt (`text`, `prompt` or `inputs`) and
-LMI's generation fields, at its top level or under `parameters`.
+LMI's generation fields, at its top level or under `parameters`. The request's own `parameters`
+apply to every instance; an instance's fields override them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from handlers.protocols.errors import ErrorKind, KServeError
 from handlers.protocols.parameters import LmiParameters, to_sampling_params
 
 PROMPT_KEYS = ("text", "prompt", "inputs")
-
-
 
 
 def model_not_found(model: str) -> KServeError:
@@ -47,10 +46,23 @@ def texts(body: Any) -> list[str]:
 def generation_requests(body: Any) -> list[tuple[GenerationRequest, bool]]:
     """Each instance's engine request, and whether its prediction repeats its prompt
     (`return_full_text`)."""
-    return [_generation_request(item, i) for i, item in enumerate(instances(body))]
+    found = instances(body)
+    shared = _request_parameters(body)
+    return [_generation_request(item, i, shared) for i, item in enumerate(found)]
 
 
-def _generation_request(item: Any, index: int) -> tuple[GenerationRequest, bool]:
+def _request_parameters(body: dict[str, Any]) -> LmiParameters:
+    shared = body.get("parameters", {})
+    if not isinstance(shared, dict):
+        raise KServeError("parameters: expected an object")
+    try:
+        return LmiParameters.model_validate(shared)
+    except ValidationError as exc:
+        raise KServeError(f"parameters.{describe_errors(exc)}") from None
+
+
+def _generation_request(item: Any, index: int,
+                        shared: LmiParameters) -> tuple[GenerationRequest, bool]:
     where = f"instances[{index}]"
     if isinstance(item, str):
         item = {"text": item}
@@ -65,9 +77,11 @@ def _generation_request(item: Any, index: int) -> tuple[GenerationRequest, bool]
     if not isinstance(nested, dict):
         raise KServeError(f"{where}.parameters: expected an object")
     try:
-        params = LmiParameters.model_validate({**fields, **nested})
+        own = LmiParameters.model_validate({**fields, **nested})
     except ValidationError as exc:
         raise KServeError(f"{where}.{describe_errors(exc)}") from None
+    # By field, not by key, so that an alias (`min_tokens`) overrides its field too.
+    params = shared.model_copy(update=own.model_dump(exclude_unset=True))
     if params.num_beams > 1 or params.num_sequences > 1:
         raise KServeError(f"{where}: beam search, n and best_of > 1 are not supported")
     return GenerationRequest(item[prompts[0]], to_sampling_params(params)), params.return_full_text

@@ -204,6 +204,15 @@ def test_v1_predict_strings_and_objects(url):
     assert predictions[1:] == [" c", "e e e"] and predictions[0].startswith(" a b a b")
 
 
+def test_v1_request_parameters_apply_to_every_instance_which_may_override_them(url):
+    body = {"instances": ["a b", {"text": "c d", "max_new_tokens": 1},
+                          {"prompt": "e", "parameters": {"return_full_text": True}}],
+            "parameters": {"max_new_tokens": 3}}
+    response = httpx.post(f"{url}/v1/models/{MODEL}:predict", json=body)
+    assert response.status_code == 200
+    assert response.json()["predictions"] == [" a b a", " c", "e e e e"]
+
+
 def test_v1_predict_on_the_embedding_model_gives_vectors(url):
     response = httpx.post(f"{url}/v1/models/fake-embedder:predict", json={"instances": ["a b"]})
     assert response.json() == {"predictions": [[2.0, 3.0, 0.5, -1.0]]}
@@ -216,6 +225,10 @@ def test_v1_predict_on_the_embedding_model_gives_vectors(url):
      "instances[0]: expected one non-empty prompt string"),
     (f"/v1/models/{MODEL}:predict", {"instances": [{"text": "a", "top_k": "many"}]}, 400,
      "instances[0].top_k"),
+    (f"/v1/models/{MODEL}:predict", {"instances": ["a"], "parameters": {"max_new_tokens": 0}},
+     400, "parameters.max_new_tokens: Input should be greater than or equal to 1"),
+    (f"/v1/models/{MODEL}:predict", {"instances": ["a"], "parameters": [1]}, 400,
+     "parameters: expected an object"),
     ("/v1/models/other:predict", {"instances": ["a"]}, 404, "Model with name other does not"),
     (f"/v1/models/{MODEL}:explain", {"instances": ["a"]}, 501, "explain is not supported"),
 ])
@@ -238,3 +251,15 @@ def test_triton_client_on_smollm2_answers_as_the_lmi_route(served):
         "inputs": text, "parameters": parameters}).json()["generated_text"]
         for text in ("The capital of France is", "Deep learning is")]
     assert texts(result) == lmi and "Paris" in lmi[0]
+
+
+@pytest.mark.e2e
+def test_v1_readme_example_takes_its_max_new_tokens(served):
+    """The README's body: the request's `parameters` bound every instance's answer."""
+    parameters = {"max_new_tokens": 8, "temperature": 0}
+    v1 = httpx.post(f"{served.url}/v1/models/smollm2-135m-instruct:predict", timeout=60, json={
+        "instances": ["The capital of France is"], "parameters": parameters}).json()
+    lmi = httpx.post(f"{served.url}/invocations", timeout=60, json={
+        "inputs": "The capital of France is", "parameters": {**parameters, "details": True}})
+    assert lmi.json()["details"]["generated_tokens"] == 8
+    assert v1["predictions"] == [lmi.json()["generated_text"]]
