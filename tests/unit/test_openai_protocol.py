@@ -424,6 +424,45 @@ def test_required_tool_choice_schema_accepts_only_offered_calls():
         jsonschema.validate(too_many, schema)
 
 
+def test_required_calls_keep_each_functions_own_definitions():
+    """Each function's `$ref`s name its own root and `$defs`; called together, two functions
+    that both define `Place` (differently) must each keep theirs."""
+    def place(limit: int) -> dict:
+        return {"type": "object", "properties": {"city": {"type": "string", "maxLength": limit}},
+                "required": ["city"]}
+    trip = {"type": "function", "function": {"name": "trip", "parameters": {
+        "type": "object", "properties": {"to": {"$ref": "#/$defs/Place"},
+                                         "back": {"$ref": "#"}},
+        "$defs": {"Place": place(3)}}}}
+    stay = {"type": "function", "function": {"name": "stay", "parameters": {
+        "type": "object", "properties": {"at": {"$ref": "#/definitions/Place"}},
+        "required": ["at"], "definitions": {"Place": place(8)}}}}
+    schema = json.loads(structured(tools=[trip, stay], tool_choice="required").spec)
+    jsonschema.validate([{"name": "trip", "arguments": {"to": {"city": "Rio"},
+                                                        "back": {"to": {"city": "Oz"}}}},
+                         {"name": "stay", "arguments": {"at": {"city": "Augsburg"}}}], schema)
+    for bad in ({"name": "trip", "arguments": {"to": {"city": "Paris"}}},
+                {"name": "trip", "arguments": {"back": {"to": {"city": "Paris"}}}},
+                {"name": "stay", "arguments": {}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate([bad], schema)
+
+
+@pytest.mark.parametrize("parameters", [{"type": "string"}, {"type": ["object", "null"]}])
+def test_a_tool_whose_parameters_are_not_an_object_is_refused(parameters):
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    error = chat_refusal(tools=[tool], tool_choice="required")
+    assert status(error) == 400 and error.param == "tools[0].function.parameters"
+    assert 'parameters must be a JSON schema of type "object"' in error.message
+
+
+def test_a_forced_call_of_parameters_without_a_type_is_an_object():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "properties": {"a": {"type": "integer"}}}}}
+    spec = structured(tools=[tool], tool_choice={"type": "function", "function": {"name": "f"}})
+    assert json.loads(spec.spec)["type"] == "object"
+
+
 def test_response_format_specs():
     assert structured(response_format={"type": "json_object"}).kind == "json_object"
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from handlers.protocols.chat.requests import MAX_TOOLS, StopString
+from handlers.protocols.chat.requests import MAX_TOOLS, ObjectSchema, StopString
 
 VERSION_HEADER = "anthropic-version"  # every Anthropic SDK sends it: the request is Anthropic's
 
@@ -66,7 +66,7 @@ class AnthropicTool(_Lenient):
     type: Literal["custom"] | None = None  # Anthropic's server tools (web search...) are not here
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
-    input_schema: dict[str, Any]
+    input_schema: ObjectSchema
 
 
 class ToolChoiceAuto(_Lenient):

@@ -13,9 +13,10 @@ one, else MindIE's.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; vLLM's default max_logprobs for completions
 MAX_TOOLS = 32  # as Databricks allows
@@ -24,6 +25,20 @@ MAX_STOP_CHARS = 32 * 1024  # stop strings in all (MindIE's chat API)
 Probability = Annotated[float, Field(gt=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 StopString = Annotated[str, Field(min_length=1)]
+
+
+def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A function's parameters describe its arguments, an object, as OpenAI and Anthropic
+    require: a call's arguments are never another JSON value."""
+    kind = schema.get("type", "object")
+    if kind != "object":
+        raise ValueError(f'a function\'s parameters must be a JSON schema of type "object" '
+                         f"(got type {json.dumps(kind)})")
+    return schema
+
+
+# A tool's `parameters` (Anthropic's `input_schema`).
+ObjectSchema = Annotated[dict[str, Any], AfterValidator(_object_schema)]
 
 
 class _Lenient(BaseModel):
@@ -59,7 +74,7 @@ class ChatMessage(_Lenient):
 class FunctionDefinition(_Lenient):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: ObjectSchema | None = None
     strict: bool | None = None
 
 

@@ -2,7 +2,7 @@
 
 - `response_format` `json_object` -> any JSON object; `json_schema` -> its `schema`.
 - `tool_choice` naming a function -> the output is that function's arguments: a JSON object
-  valid against its `parameters`.
+  valid against its `parameters` (whose `type` is "object" when it names none).
 - `tool_choice: "required"` -> the output is a JSON list of one or more calls
   `{"name": <an offered function>, "arguments": <valid against its parameters>}`: at most
   `MAX_PARALLEL_CALLS`, one when `parallel_tool_calls` is false. Without a cap, small models
@@ -30,6 +30,8 @@ from handlers.protocols.chat.requests import (
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 MAX_PARALLEL_CALLS = 4
+_LOCAL = ("#/$defs/", "#/definitions/")
+_VALUES = ("enum", "const", "default", "examples")  # JSON values, not schemas
 
 
 def structured_output(request: ChatCompletionRequest) -> StructuredOutput | None:
@@ -37,8 +39,7 @@ def structured_output(request: ChatCompletionRequest) -> StructuredOutput | None
     tools = request.tools or []
     if isinstance(choice, NamedToolChoice):
         i = next(i for i, t in enumerate(tools) if t.function.name == choice.function.name)
-        return _schema(tools[i].function.parameters or ANY_OBJECT,
-                       f"tools[{i}].function.parameters")
+        return _schema(_arguments(tools[i]), f"tools[{i}].function.parameters")
     if choice == "required":
         one_call = request.parallel_tool_calls is False
         return _schema(required_calls_schema(tools, one_call), "tools")
@@ -55,20 +56,64 @@ def response_format_output(fmt: ResponseFormat | None) -> StructuredOutput | Non
 
 
 def required_calls_schema(tools: list[Tool], one_call: bool = False) -> dict[str, Any]:
+    definitions: dict[str, Any] = {}
     calls = [
         {
             "type": "object",
             "properties": {
                 "name": {"type": "string", "enum": [t.function.name]},
-                "arguments": t.function.parameters or ANY_OBJECT,
+                "arguments": _hoisted(t.function.name, _arguments(t), definitions),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
         for t in tools
     ]
-    return {"type": "array", "minItems": 1, "maxItems": 1 if one_call else MAX_PARALLEL_CALLS,
-            "items": {"anyOf": calls}}
+    schema = {"type": "array", "minItems": 1, "maxItems": 1 if one_call else MAX_PARALLEL_CALLS,
+              "items": {"anyOf": calls}}
+    return {**schema, "$defs": definitions} if definitions else schema
+
+
+def _hoisted(function: str, arguments: dict[str, Any], definitions: dict[str, Any]
+             ) -> dict[str, Any]:
+    """`arguments` moved under this schema's root: its definitions into `definitions` as
+    `function:NAME` (its root as `function`), its `$ref`s (which name them from its own root)
+    pointed there."""
+    local = {**arguments.get("$defs", {}), **arguments.get("definitions", {})}
+    if not local and not _refers(arguments):
+        return arguments
+
+    def rebased(value: Any) -> Any:
+        if isinstance(value, list):
+            return [rebased(v) for v in value]
+        if not isinstance(value, dict):
+            return value
+        out = {k: v if k in _VALUES else rebased(v) for k, v in value.items()}
+        ref = value.get("$ref")
+        if ref == "#" or isinstance(ref, str) and ref.startswith(_LOCAL):
+            out["$ref"] = f"#/$defs/{function}" + (f":{ref.rpartition('/')[2]}"
+                                                   if ref != "#" else "")
+        return out
+
+    root = {k: v for k, v in rebased(arguments).items() if k not in ("$defs", "definitions")}
+    definitions[function] = root
+    definitions.update({f"{function}:{name}": rebased(d) for name, d in local.items()})
+    return root
+
+
+def _refers(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "$ref" in value or any(_refers(v) for v in value.values())
+    return isinstance(value, list) and any(_refers(v) for v in value)
+
+
+def _arguments(tool: Tool) -> dict[str, Any]:
+    """A function's parameters, an object even where they name no type (a root `$ref` is left
+    to name its own)."""
+    parameters = tool.function.parameters or ANY_OBJECT
+    if "type" in parameters or "$ref" in parameters:
+        return parameters
+    return {**parameters, "type": "object"}
 
 
 def _schema(schema: dict[str, Any], param: str) -> StructuredOutput:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from handlers.protocols.chat.requests import (
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
+    ObjectSchema,
     Penalty,
     Probability,
 )
@@ -93,7 +94,7 @@ class FunctionTool(_Lenient):
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: ObjectSchema | None = None
     strict: bool | None = None
 
 
