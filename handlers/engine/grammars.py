@@ -12,6 +12,9 @@ a constrained sequence ends exactly there; once nothing but EOS may follow (a JS
 brace), `is_over` says so and the batcher ends the sequence without spending a step on the EOS.
 The answer is then whole even when it filled `max_new_tokens` exactly.
 
+A JSON schema is first rewritten into what xgrammar enforces, or refused naming what it cannot
+enforce (schema_enforcement.py), so an answer under a schema always validates.
+
 JSON is compiled without free whitespace (`any_whitespace=False`: ", " and ": " separators, no
 newlines): small models otherwise tend to loop in whitespace until max_new_tokens. Compact JSON
 then never holds a raw control character, and tokens with one are refused outright: xgrammar
@@ -30,6 +33,7 @@ import torch
 
 from handlers.engine import grammar_language
 from handlers.engine.plain_tokenizer import PlainTokenizer
+from handlers.engine.schema_enforcement import enforced_text
 from handlers.engine.types import RequestValidationError, StructuredOutput
 
 if TYPE_CHECKING:
@@ -132,8 +136,9 @@ class Grammars:
             raise RequestValidationError(
                 spec.param, f"unknown structured output kind {spec.kind!r}; "
                 f"expected one of {', '.join(_COMPILE)}")
+        text = enforced_text(spec.spec, spec.param) if spec.kind == "json_schema" else spec.spec
         try:
-            return build(self._get_compiler(spec.param), spec.spec)
+            return build(self._get_compiler(spec.param), text)
         except RuntimeError as exc:  # xgrammar's errors (bad JSON, unsupported schema...)
             message = f"invalid {spec.kind}: {_reason(exc)}"
             raise RequestValidationError(spec.param, message) from exc

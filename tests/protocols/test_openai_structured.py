@@ -208,3 +208,96 @@ def test_a_schema_no_output_satisfies_is_refused_on_every_route_that_takes_one(
     refused = httpx.post(f"{url}{route}", json=body, timeout=60)
     assert refused.status_code == status, refused.text
     assert field in refused.text and "admits no output" in refused.text
+
+
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
+def test_an_allof_schema_is_enforced(client):
+    """xgrammar compiles a multi-part allOf to any JSON value: the parts are merged first."""
+    schema = {"allOf": [{"type": "integer"}, {"minimum": 10}]}
+    answer = chat(client, max_tokens=16, response_format=schema_format(schema), messages=[
+        {"role": "user", "content": "Pick a number between 1 and 5."}])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+@pytest.mark.parametrize(("schema", "named"), [
+    ({"allOf": [{"type": "integer"}, {"type": "string"}]}, "share no value"),
+    ({"not": {}}, "'not: {}'"),
+    ({"type": "integer", "not": {"const": 3}}, "'not' at #"),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "'uniqueItems'"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "'oneOf'"),
+])
+def test_a_schema_that_cannot_be_enforced_is_a_400_naming_the_construct(client, schema, named):
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, max_tokens=8, messages=ASK_PERSON, response_format=schema_format(schema))
+    assert info.value.status_code == 400 and named in info.value.message
+    assert info.value.param == "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED, "auto"])
+def test_a_tool_whose_parameters_are_not_an_object_is_refused(client, tool_choice):
+    """A call's arguments are an object (OpenAI refuses such a tool too); forced, it was
+    answered 200 with the call as plain content."""
+    tool = {"type": "function", "function": {"name": "get_weather",
+                                             "parameters": {"type": "string"}}}
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, max_tokens=8, messages=ASK_WEATHER, tools=[tool], tool_choice=tool_choice)
+    assert info.value.status_code == 400
+    assert 'parameters must be a JSON schema of type "object"' in info.value.message
+    assert "tools" in info.value.param
+
+
+def test_required_calls_keep_each_functions_definitions(client):
+    """Functions whose parameters use $defs (nested pydantic models), called together."""
+    class Place(BaseModel):
+        city: str = Field(max_length=12)
+
+    class Trip(BaseModel):
+        origin: Place
+        nights: int = Field(ge=1, le=9)
+
+    class Stay(BaseModel):
+        place: Place
+        stars: int = Field(ge=1, le=5)
+
+    tools = [openai.pydantic_function_tool(Trip, name="plan_trip"),
+             openai.pydantic_function_tool(Stay, name="book_stay")]
+    answer = chat(client, max_tokens=64, tools=tools, tool_choice="required",
+                  parallel_tool_calls=False, messages=[
+                      {"role": "user", "content": "Book a 4-star hotel in Paris."}])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    models = {"plan_trip": Trip, "book_stay": Stay}
+    for call in choice.message.tool_calls:
+        models[call.function.name].model_validate_json(call.function.arguments)
+
+
+NOT_THREE = {"type": "object", "properties": {"a": {"type": "integer", "not": {"const": 3}}},
+             "required": ["a"]}
+
+
+@pytest.mark.parametrize(("route", "body", "status", "named"), [
+    ("/v1/responses", {"input": "Invent a person.", "max_output_tokens": 8, "text": {
+        "format": {"type": "json_schema", "name": "x", "schema": NOT_THREE}}}, 400,
+     "'not' at #/properties/a"),
+    ("/v1/messages", {**LOOP_CHAT, "model": MODEL, "tools": [
+        {"name": "pick", "input_schema": NOT_THREE}],
+        "tool_choice": {"type": "tool", "name": "pick"}}, 400, "'not' at #/properties/a"),
+    ("/v1/messages", {**LOOP_CHAT, "model": MODEL, "tools": [
+        {"name": "pick", "input_schema": {"type": "string"}}]}, 400, 'type "object"'),
+    ("/generate", {"inputs": "Invent a person.", "parameters": {
+        "max_new_tokens": 8, "grammar": {"type": "json", "value": NOT_THREE}}}, 422,
+     "'not' at #/properties/a"),
+])
+def test_what_cannot_be_enforced_is_refused_on_every_route_that_takes_a_schema(
+        url, route, body, status, named):
+    import httpx
+
+    refused = httpx.post(f"{url}{route}", json=body, timeout=60)
+    assert refused.status_code == status, refused.text
+    error = refused.json()["error"]  # TGI's is a string, the others' an object
+    assert named in (error if isinstance(error, str) else error["message"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from handlers.engine.schema_enforcement import enforced_text
 from handlers.engine.types import RequestValidationError, SamplingParams, StructuredOutput
 
 
@@ -51,8 +52,8 @@ def structured_kwargs(structured: StructuredOutput) -> dict[str, Any]:
     """vllm.sampling_params.StructuredOutputsParams(**this) for our constraint."""
     if structured.kind == "json_object":
         return {"json_object": True}
-    if structured.kind == "json_schema":
-        return {"json": structured.spec}
+    if structured.kind == "json_schema":  # what the torch engine enforces too
+        return {"json": enforced_text(structured.spec, structured.param)}
     if structured.kind in ("regex", "grammar"):
         return {structured.kind: structured.spec}
     raise RequestValidationError(structured.param, f"unknown structured output {structured.kind}")
