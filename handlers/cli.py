@@ -24,12 +24,21 @@ from typing import TypeVar
 
 import uvicorn
 
-from handlers.config import Config, ConfigError, check_effects, load_config, log_config, parse_args
+from handlers.config import (
+    TEXT_EMBEDDING,
+    Config,
+    ConfigError,
+    check_effects,
+    load_config,
+    log_config,
+    parse_args,
+)
 from handlers.engine import registry
 from handlers.engine.base import Embedder, Engine, EngineBuild, SupervisedLoop
 from handlers.model_fetch import default_cache_dir
 from handlers.model_source import (
     DEFAULT_EMBEDDING_NAME,
+    has_sentence_transformers_layout,
     is_default_embedding_id,
     resolve_embedding_source,
 )
@@ -130,11 +139,14 @@ def model_roots(config: Config) -> tuple[Path, ...]:
 
 def fleet_build(config: Config) -> Build:
     """How a model loaded at runtime is built: as the server's own model is, from its own
-    files, under its own name, without the server's LoRA adapters."""
-    def build(name: str, path: Path) -> Engine:
+    files, under its own name, without the server's LoRA adapters; a sentence-transformers
+    model (modules.json) as an embeddings-only server's is (option.task=text-embedding)."""
+    def build(name: str, path: Path) -> Engine | Embedder:
         own = dataclasses.replace(config, model_id=str(path), model_name=name, adapters=(),
                                   lora=None, sources={**config.sources,
                                                       "model_id": "POST /models"})
+        if has_sentence_transformers_layout(path):
+            return registry.build_embedder(dataclasses.replace(own, task=TEXT_EMBEDDING))
         built = registry.build(own)
         return built.engine
 

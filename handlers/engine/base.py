@@ -201,6 +201,7 @@ class SupervisedLoop(MainThreadLoop, Protocol):
         """Make a failed loop ready for the next `run_forever`."""
 
 
+@runtime_checkable
 class Embedder(Protocol):
     """An embedding model's engine."""
 

@@ -105,9 +105,10 @@ class Served(Generic[E]):
     (/ping does not wait for it; its requests wait in `loaded`)."""
 
     def __init__(self, name: str | None = None, engine: E | None = None,
-                 max_failures: int = 0, loads_later: bool = False) -> None:
+                 max_failures: int = 0, loads_later: bool = False, embeds: bool = False) -> None:
         self.name = name
         self.engine = engine
+        self.embeds = embeds  # an embedding model's (an Embedder), not a generation engine
         self.failures = FailureStreak(max_failures)
         self.loads_later = loads_later
         self.load_error: str | None = None  # why loading failed
@@ -155,6 +156,8 @@ class ServerContext:
         self.settings = settings
         self.generator = generator
         self.embedder = embedder
+        if embedder is not None:
+            embedder.embeds = True
         self.telemetry = Telemetry(settings.model_name, self._engine_stats,  # GET /metrics
                                    self._adapter_activity)
         self.admission = Admission(settings.job_queue_size, self.telemetry.rejected)
@@ -184,23 +187,47 @@ class ServerContext:
         `/models/{name}/invoke`: 404 when none such is loaded), else the loaded model the body
         `named`, else the server's own; `not_served` (given the model's name) on a server
         without one, else the refusal of one not ready."""
-        bound = current_request_id()
-        target = bound.target if bound is not None else None
+        target = self.targeted()
         served = self.served(target) if target is not None else None
-        if target is not None and (served is None or served is self.embedder):
+        if target is not None and served is None:
             raise refuse(f"model {target!r} is not loaded", ErrorKind.NOT_FOUND)
+        if served is not None and served.embeds:
+            raise refuse(f"model {target!r} is an embedding model: it generates no text; send "
+                         '{"input": [...]} for its embeddings', ErrorKind.VALIDATION)
         if served is None:
             served = self.generation_model(named) if isinstance(named, str) else self.generator
         if served is None:
             raise not_served(self.settings.model_name)
         return served.ready_engine(refuse)
 
+    def embedding_model_for(self, refuse: Refuse, named: object = None
+                            ) -> Served[Embedder] | None:
+        """The embedding model a request is for: the model its caller targets (the protocol's
+        refusal when that one generates text), else a model loaded at runtime the body `named`,
+        else the server's own (None without one)."""
+        target = self.targeted()
+        if target is not None:
+            served = self.served(target)
+            if served is None or not served.embeds:
+                raise refuse(f"model {target!r} is not an embedding model loaded here",
+                             ErrorKind.NOT_FOUND)
+            return served
+        model = self.fleet.get(named) if self.fleet is not None and isinstance(named, str) \
+            else None
+        return model.served if model is not None and model.served.embeds else self.embedder
+
+    def targeted(self) -> str | None:
+        """The model the request's caller targets (`X-Amzn-SageMaker-Target-Model`,
+        `/models/{name}/invoke`), if any."""
+        bound = current_request_id()
+        return bound.target if bound is not None else None
+
     def load_models_with(self, fleet: Fleet) -> None:
-        """Serve models loaded at runtime through `fleet`, each under its own series in
-        /metrics."""
+        """Serve models loaded at runtime through `fleet`, each generation model under its own
+        series in /metrics."""
         self.fleet = fleet
-        fleet.on_loaded = lambda name, engine: self.telemetry.add_engine(
-            name, engine.stats, engine.adapter_activity)
+        fleet.on_loaded = lambda name, engine: None if isinstance(engine, Embedder) else \
+            self.telemetry.add_engine(name, engine.stats, engine.adapter_activity)
         fleet.on_unloaded = lambda name, _engine: self.telemetry.remove_engine(name)
 
     def served(self, name: str) -> Served | None:
@@ -317,7 +344,7 @@ class ServerContext:
         """The generation model a protocol's model name is for: one loaded at runtime by that
         name, else the server's own (which the protocol checks the name against)."""
         model = self.fleet.get(name) if self.fleet is not None else None
-        return model.served if model is not None else self.generator
+        return model.served if model is not None and not model.served.embeds else self.generator
 
     def ready(self) -> bool:
         """Whether every served model can answer (what /ping reports): one that loads later

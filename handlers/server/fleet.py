@@ -1,6 +1,7 @@
-"""Several generation models on one endpoint, as SageMaker's multi-model endpoints ask of a
-container: models loaded by name at runtime (`POST /models`), listed, described, unloaded, and
-each served by an engine of its own beside the server's own model.
+"""Several models on one endpoint, as SageMaker's multi-model endpoints ask of a container:
+models loaded by name at runtime (`POST /models`), listed, described, unloaded, and each served by
+an engine of its own beside the server's own model: a generation engine, or an embedding model's
+(`Served.embeds`), which answers embeddings as an embeddings-only server does.
 
 Loading is memory-aware: a model's need is estimated from its weight files; when it would not
 fit in the memory left (the container's cgroup limit where there is one), or when
@@ -24,12 +25,14 @@ from pathlib import Path
 
 import psutil
 
-from handlers.engine.base import Engine
+from handlers.engine.base import Embedder, Engine
 from handlers.server.context import Served
 
 log = logging.getLogger(__name__)
 
-Build = Callable[[str, Path], Engine]  # (name, model directory) -> the engine, not started
+# (name, model directory) -> its engine: a generation engine not started, or an embedding
+# model's, started
+Build = Callable[[str, Path], Engine | Embedder]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 # What a model takes beyond its weight files: activations, caches, the runtime's own.
 OVERHEAD = 1.25
@@ -47,13 +50,13 @@ class FleetError(Exception):
 
 @dataclass
 class FleetModel:
-    served: Served[Engine]
+    served: Served[Engine | Embedder]
     url: str  # as the load request gave it
     need: int  # bytes it is estimated to take
     used: float = field(default_factory=time.monotonic)  # last asked for
 
 
-Heard = Callable[[str, Engine], None]  # (name, engine): a model loaded or unloaded
+Heard = Callable[[str, Engine | Embedder], None]  # (name, engine): loaded or unloaded
 
 
 class Fleet:
@@ -86,8 +89,10 @@ class Fleet:
                 need = weights_bytes(path)
                 await self._make_room(name, need)
                 engine = await asyncio.to_thread(self._build, name, path)
-                await engine.start()
-            model = FleetModel(Served(name, engine), url, need)
+                embeds = isinstance(engine, Embedder)
+                if not embeds:
+                    await engine.start()
+            model = FleetModel(Served(name, engine, embeds=embeds), url, need)
             self.models[name] = model
             self.on_loaded(name, engine)
             log.info("model %s loaded from %s (~%d MiB)", name, url, need >> 20)
@@ -101,7 +106,10 @@ class Fleet:
         if model is None:
             raise FleetError(404, f"model {name!r} is not loaded")
         engine, model.served.engine = model.served.engine, None
-        await engine.shutdown()
+        if model.served.embeds:
+            engine.stop()  # what it queued is still answered
+        else:
+            await engine.shutdown()
         self.on_unloaded(name, engine)
         del engine, model
         await asyncio.to_thread(_release_memory)
@@ -132,6 +140,8 @@ class Fleet:
 
 def _idle(model: FleetModel) -> bool:
     engine = model.served.engine
+    if model.served.embeds:
+        return True  # unloading stops it once it has answered what it queued
     stats = engine.stats() if engine is not None else {}
     return not stats.get("running_requests") and not stats.get("waiting_requests")
 

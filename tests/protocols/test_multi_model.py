@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 from botocore.config import Config
-from fakes import FakeEngine, served_app
+from fakes import FakeEmbeddingEngine, FakeEngine, served_app
 from hub_standin import FakeRepo, point_hub_client_at, serving_hub, use_hub_cache
 from server_process import serving
 
@@ -213,3 +213,45 @@ def test_a_load_failure_names_the_url_not_where_the_server_keeps_it(tmp_path):
     assert (failed.status_code, failed.json()["message"]) == (
         500, "model 'm' failed to load: broken/model/config.json is no JSON")
     assert str(tmp_path) not in failed.text
+
+
+def test_an_embedding_model_loaded_at_runtime_answers_embeddings_by_its_name(tmp_path):
+    """The body's protocol follows the model a request reaches: `input` to an embedding model
+    is embeddings (it was answered as a Responses request), a generation body is refused."""
+    embedders: dict[str, FakeEmbeddingEngine] = {}
+
+    def build(name: str, path: Path) -> FakeEmbeddingEngine:
+        embedders[name] = FakeEmbeddingEngine()
+        embedders[name].model_name = name
+        return embedders[name]
+
+    with serving(served_app(FakeEngine(), fleet=Fleet(build), model_roots=(tmp_path,))) as url:
+        assert load(url, "vectors", model_dir(tmp_path, "vectors")).status_code == 200
+        vector = [2.0, 9.0, 0.5, -1.0]  # "hello you": 2 words, 9 characters
+        for answer in (
+                httpx.post(f"{url}/models/vectors/invoke", json={"input": ["hello you"]}),
+                httpx.post(f"{url}/invocations", json={"input": "hello you"},
+                           headers={TARGET: "vectors"}),
+                httpx.post(f"{url}/v1/embeddings", json={"input": "hello you",
+                                                         "model": "vectors"}),
+                httpx.post(f"{url}/serving-endpoints/vectors/invocations",
+                           json={"input": "hello you"})):
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "vectors"
+            assert answer.json()["data"][0]["embedding"] == vector
+        kserve = httpx.post(f"{url}/v1/models/vectors:predict", json={"instances": ["hello you"]})
+        assert kserve.json() == {"predictions": [vector]}
+
+        lmi = httpx.post(f"{url}/models/vectors/invoke", json={"inputs": "a"})
+        chat = httpx.post(f"{url}/models/vectors/invoke", json={
+            "messages": [{"role": "user", "content": "a"}]})
+        for refused, status in ((lmi, 424), (chat, 400)):  # LMI's and OpenAI's shapes
+            assert refused.status_code == status and "is an embedding model" in refused.text
+        chat = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": "vectors", "messages": [{"role": "user", "content": "a"}]})
+        assert chat.status_code == 404  # the server's own model answers to its own name only
+        assert httpx.post(f"{url}/invocations", json={"inputs": "a"}).status_code == 200
+        assert httpx.get(f"{url}/metrics").status_code == 200
+        assert httpx.delete(f"{url}/models/vectors").status_code == 200
+        gone = httpx.post(f"{url}/models/vectors/invoke", json={"input": ["a"]})
+        assert gone.status_code == 404

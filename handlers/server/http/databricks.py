@@ -46,7 +46,9 @@ def router(ctx: ServerContext) -> APIRouter:
         async def endpoint(ctx: ServerContext, request: Request, body: Any) -> Answer:
             async def task() -> Answer:
                 key = task_key(body)
-                check_endpoint_task(model, key, ctx.embedding_model())
+                endpoint_model = ctx.served(model)
+                embeds = endpoint_model is not None and endpoint_model.embeds
+                check_endpoint_task(model, key, model if embeds else None)
                 if model in ctx.adapters() and isinstance(body, dict):
                     body["model"] = model  # an adapter's endpoint: its requests run with it
                 elif ctx.fleet is not None and model in ctx.fleet.models:

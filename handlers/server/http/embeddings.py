@@ -1,6 +1,7 @@
 """OpenAI's embeddings over HTTP (`POST /v1/embeddings`); `/invocations` bodies with `input`
 and Databricks' embedding endpoints reach the same handler. The embedding model loads next to
-the LLM; until it is attached its requests answer 503."""
+the LLM; until it is attached its requests answer 503. An embedding model loaded at runtime
+(`POST /models`) answers when the body's `model` names it or the caller targets it."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def router(ctx: ServerContext) -> APIRouter:
 
 async def embeddings_body(ctx: ServerContext, request: Request, body: Any) -> Answer:
     async def answer() -> Answer:
-        served = ctx.embedder
+        named = body.get("model") if isinstance(body, dict) else None
+        served = ctx.embedding_model_for(OPENAI.refusal, named)
         if served is None:
             raise OpenAIError("this server serves no embedding model (option.embedding_model_id)",
                               "model", ErrorKind.NOT_FOUND)

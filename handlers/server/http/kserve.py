@@ -102,7 +102,7 @@ async def _predict(ctx: ServerContext, request: Request, model: str, body: Any) 
             raise kserve_v1.model_not_found(model)
         await served.loaded()
         engine = served.ready_engine(KServeError)
-        if served is ctx.embedder:
+        if served.embeds:
             try:
                 result = await engine.embed(kserve_v1.texts(body))
             except RequestValidationError as exc:

@@ -8,9 +8,11 @@ a failure is a `response.failed` event. Each event goes as `event: <its type>` a
 and the stream ends without `[DONE]`, as OpenAI sends these streams.
 Responses are stored (unless `store` is false) in the app's bounded LRU (`ctx.responses`).
 
-An `/invocations` body with `input` is a Responses request rather than embeddings when a
-generation model is served, its `model` is not the embedding model's name, and: its `model` is
-the generation model's name (or one of its LoRA adapters'), or it has a field of
+An `/invocations` body with `input` is for the model its caller targets where it targets one
+(`/models/{name}/invoke`, `X-Amzn-SageMaker-Target-Model`): embeddings for an embedding model, a
+Responses request for a generation model. Otherwise it is a Responses request rather than
+embeddings when a generation model is served, its `model` is not an embedding model's name, and:
+its `model` is a generation model's name (or one of its LoRA adapters'), or it has a field of
 `RESPONSES_FIELDS` (none is an embeddings field), or no embedding model is served. SageMaker's
 adapter header stands for the body's `model`.
 """
@@ -133,14 +135,20 @@ def _keep(store: ResponseStore, job: ResponsesJob, response: dict[str, Any]) -> 
 def speaks_responses(ctx: ServerContext, body: dict[str, Any], headers: Headers) -> bool:
     """Whether an /invocations body is a Responses request for the generation model rather
     than embeddings (the module's docstring says when)."""
-    if "input" not in body or ctx.generator is None:
+    if "input" not in body:
+        return False
+    target = ctx.targeted()
+    if target is not None:  # the model decides (one not loaded: the Responses route's 404)
+        served = ctx.served(target)
+        return served is None or not served.embeds
+    if ctx.generator is None:
         return False
     adapter = headers.get(ADAPTER_HEADER)
     model = adapter if adapter is not None else body.get("model")
-    if model is not None and model == ctx.embedding_model():
+    loaded = ctx.served(model) if isinstance(model, str) else None
+    if loaded is not None and loaded.embeds:
         return False
-    loaded = ctx.fleet is not None and model in ctx.fleet.models
-    return model == ctx.settings.model_name or model in ctx.adapters() or loaded \
+    return model == ctx.settings.model_name or model in ctx.adapters() or loaded is not None \
         or not RESPONSES_FIELDS.isdisjoint(body) or ctx.embedder is None
 
 
