@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from served_models import Served, float32_where_torch_serves
-from server_process import free_port, running_server
+from server_process import free_port, server_process
 from tiny_model import make_tiny_model_dir
 
 from handlers.engine.torch.loader import LoadedModel, load_model
@@ -41,6 +41,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     context = 256
     log = tmp_path_factory.mktemp("served") / "server.log"
     grpc_port = free_port()
-    with running_server(f"option.max_model_len={context}", *float32_where_torch_serves(),
-                        log_path=log, grpc_port=grpc_port) as url:
-        yield Served(url, context, f"127.0.0.1:{grpc_port}", log)
+    with server_process(f"option.max_model_len={context}", *float32_where_torch_serves(),
+                        log_path=log, grpc_port=grpc_port) as (proc, url):
+        yield Served(url, context, f"127.0.0.1:{grpc_port}", log, proc.pid)

@@ -30,6 +30,7 @@ class Served:
     context: int  # option.max_model_len
     grpc: str  # host:port of KServe V2 over gRPC
     log: Path  # the server's output
+    pid: int  # the server's process
 
 
 def float32_where_torch_serves() -> list[str]:

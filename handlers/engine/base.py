@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from handlers.engine.prompt_tokens import TokenBound
 from handlers.engine.types import (
     AdapterActivity,
     AnswerPiece,
@@ -26,6 +27,9 @@ class Tokenizer(Protocol):
 
     vocab_size: int  # every id a prompt may carry is below this
     eos_token_ids: frozenset[int]
+    # The fewest tokens a text can be, by its bytes, where that is proven
+    # (engine/prompt_tokens.py): a prompt too long by it is refused unread. None: no bound.
+    token_bound: TokenBound | None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The text's token ids; special tokens (a BOS...) only when asked for, as the engines

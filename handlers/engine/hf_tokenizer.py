@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import cached_property
 from typing import Any
+
+from handlers.engine.prompt_tokens import TokenBound, token_bound
 
 
 class HFTokenizer:
@@ -14,6 +17,13 @@ class HFTokenizer:
         self.vocab_size = len(tokenizer)
         self.eos_token_ids = frozenset(eos_token_ids)
         self._chat_template = chat_template
+
+    @cached_property
+    def token_bound(self) -> TokenBound | None:
+        """The fewest tokens a text can be (engine/prompt_tokens.py), read from the vocabulary on
+        first use; None for a tokenizer without a Rust backend or without a proven bound."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        return None if backend is None else token_bound(backend)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens)

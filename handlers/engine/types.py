@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -235,21 +234,3 @@ class AnswerPiece:
 class EmbeddingResult:
     vectors: list[list[float]]  # one per input, in input order
     prompt_tokens: int  # tokens embedded: special and instruction tokens included, after truncation
-
-
-def prompt_ids(request: GenerationRequest, encode: Callable[[str], list[int]],
-               max_model_len: int) -> list[int]:
-    """The request's prompt tokens (`encode`d unless given), cut to `params.truncate`; refused
-    when empty or when they leave no room to generate within `max_model_len`."""
-    ids = encode(request.prompt) if request.prompt_token_ids is None \
-        else list(request.prompt_token_ids)
-    truncate = request.params.truncate
-    if truncate is not None and len(ids) > truncate:
-        ids = ids[-truncate:]
-    if not ids:
-        raise RequestValidationError("inputs", "the prompt is empty after tokenization")
-    if len(ids) >= max_model_len:
-        raise RequestValidationError(
-            "inputs", f"the prompt is {len(ids)} tokens, but the model's context is "
-            f"{max_model_len} tokens (prompt and generated tokens together)")
-    return ids

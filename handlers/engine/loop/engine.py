@@ -18,6 +18,7 @@ from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.loop.batcher import ContinuousBatcher
 from handlers.engine.loop.runner import Runner
 from handlers.engine.loop.thread import EngineLoop
+from handlers.engine.prompt_tokens import prompt_ids
 from handlers.engine.types import (
     AdapterActivity,
     AdapterError,
@@ -25,7 +26,6 @@ from handlers.engine.types import (
     GenerationRequest,
     RequestOutput,
     RequestValidationError,
-    prompt_ids,
 )
 
 
@@ -106,7 +106,7 @@ class LoopEngine:
             served = ", ".join(self.adapters) or "none: LoRA is off (option.enable_lora)"
             raise RequestValidationError("adapter", f"LoRA adapter {request.adapter!r} is not "
                                          f"served (served: {served})")
-        ids = prompt_ids(request, self.tokenizer.encode, self.max_model_len)
+        ids = prompt_ids(request, self.tokenizer, self.max_model_len)
         if params.num_sequences > self.batcher.max_batch_size:
             raise RequestValidationError(
                 "best_of" if params.best_of else "n",

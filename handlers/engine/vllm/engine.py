@@ -25,6 +25,7 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from handlers.engine.base import AnswerParsing
 from handlers.engine.grammars import Grammars
 from handlers.engine.hf_tokenizer import HFTokenizer
+from handlers.engine.prompt_tokens import prompt_ids
 from handlers.engine.types import (
     AdapterActivity,
     AdapterError,
@@ -32,7 +33,6 @@ from handlers.engine.types import (
     GenerationRequest,
     RequestOutput,
     RequestValidationError,
-    prompt_ids,
 )
 from handlers.engine.vllm.outputs import OutputMapper
 from handlers.engine.vllm.sampling import sampling_kwargs, structured_kwargs
@@ -85,7 +85,7 @@ class VllmEngine:
             raise RequestValidationError("adapter", f"no LoRA adapter {request.adapter!r} is "
                                          f"served (adapters: {', '.join(self.adapters) or 'none'})")
         # Ids a client gave are checked against the vocabulary by the driver (engine/limits.py).
-        ids = prompt_ids(request, self.tokenizer.encode, self.max_model_len)
+        ids = prompt_ids(request, self.tokenizer, self.max_model_len)
         self.sampling_params(request)  # vLLM's own checks, before admission
         if params.structured is not None:
             self._grammars.compile(params.structured)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from handlers.engine.base import Tokenizer
+from handlers.engine.prompt_tokens import fewest_tokens
 from handlers.engine.types import GenerationRequest
 from handlers.protocols.adapters import UnknownAdapter, adapter_named
 from handlers.protocols.anthropic.errors import AnthropicError, in_anthropic_terms, model_not_found
@@ -79,13 +80,25 @@ def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
     return MessagesJob(request, gen, chat, context)
 
 
-def count_tokens(body: Any, tokenizer: Tokenizer, model: str, adapters: Sequence[str] = ()
-                 ) -> dict[str, int]:
-    """`input_tokens`: the prompt as `/v1/messages` renders and the engine tokenizes it."""
+def count_tokens(body: Any, tokenizer: Tokenizer, model: str, max_model_len: int,
+                 adapters: Sequence[str] = ()) -> dict[str, int]:
+    """`input_tokens`: the prompt as `/v1/messages` renders and the engine tokenizes it. A
+    prompt the context cannot hold is refused, as Anthropic refuses one ("prompt is too long"),
+    before it is tokenized where its bytes prove it (engine/prompt_tokens.py)."""
     request, _ = _parse(CountTokensRequest, body, model, adapters)  # adapters share it
     with in_anthropic_terms():
         prompt = render_chat_prompt(tokenizer, chat_request(request))
-    return {"input_tokens": len(tokenizer.encode(prompt))}
+    if (fewest := fewest_tokens(prompt, tokenizer.token_bound)) >= max_model_len:
+        raise _too_long(f"at least {fewest}", max_model_len)
+    if (count := len(tokenizer.encode(prompt))) >= max_model_len:
+        raise _too_long(str(count), max_model_len)
+    return {"input_tokens": count}
+
+
+def _too_long(tokens: str, max_model_len: int) -> AnthropicError:
+    return AnthropicError(f"prompt is too long: {tokens} tokens > {max_model_len - 1} maximum "
+                          f"(the model's context is {max_model_len} tokens, prompt and "
+                          "generated tokens together)")
 
 
 def _adapter(requested: str | None, model: str, adapters: Sequence[str]) -> str | None:

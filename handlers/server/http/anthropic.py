@@ -102,7 +102,8 @@ async def count_tokens_body(ctx: ServerContext, request: Request, body: Any) -> 
     async def answer() -> Answer:
         engine = _engine(ctx, body)
         return Reply(200, await ctx.offload(count_tokens, body, engine.tokenizer,
-                                            ctx.name_of(engine), engine.adapters))
+                                            ctx.name_of(engine), engine.max_model_len,
+                                            engine.adapters))
 
     return await guarded(ANTHROPIC, answer)
 
