@@ -130,6 +130,41 @@ async def test_too_long_input_is_refused_when_truncation_is_off(engine: Embeddin
     assert len((await engine.embed(["fine", "word " * 254], truncate=False)).vectors) == 2
 
 
+async def test_a_huge_input_is_read_only_as_far_as_the_model_reads_it(
+    engine: EmbeddingEngine, reference: tuple[AutoModel, AutoTokenizer],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1 MB input embeds as sentence-transformers embeds it (its first 256 tokens), while
+    the tokenizer is given a few thousand of its characters, not all of them (twice)."""
+    huge = "The quick brown fox jumps over the lazy dog, and then it rests. " * 16_000
+    tokenizer = engine._loaded.model.tokenizer
+    tokenized: list[int] = []
+    call = type(tokenizer).__call__
+
+    def counting(self, text, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        tokenized.extend(len(t) for t in ([text] if isinstance(text, str) else text))
+        return call(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", counting)
+    result = await engine.embed([huge])
+    monkeypatch.undo()
+    assert result.prompt_tokens == 256
+    assert close(result.vectors, reference_vectors(reference, [huge]))
+    assert 0 < sum(tokenized) <= 2 * 256 * 32, tokenized  # its first 8 KB, here and to embed
+    with pytest.raises(RequestValidationError, match=r"input\[0\] is more than 256 tokens"):
+        await engine.embed([huge], truncate=False)
+
+
+async def test_an_input_of_little_text_is_read_until_the_model_has_enough(
+    engine: EmbeddingEngine, reference: tuple[AutoModel, AutoTokenizer]
+) -> None:
+    """Whitespace is no token: an input that starts with 100,000 spaces is read past them."""
+    sparse = " " * 100_000 + "a fox " * 300
+    result = await engine.embed([sparse])
+    assert result.prompt_tokens == 256
+    assert close(result.vectors, reference_vectors(reference, [sparse]))
+
+
 @pytest.mark.parametrize(
     ("texts", "instruction", "field", "words"),
     [

@@ -23,6 +23,7 @@ from handlers.model_source import default_model_path
 pytestmark = pytest.mark.e2e
 
 MODEL = "smollm2-135m-instruct"
+EMBEDDER = "all-minilm-l6-v2"
 BIG = "The quick brown fox jumps over the lazy dog, and then it rests. " * 78_125  # 5 MB
 # The server's peak may grow by this while it reads, checks and refuses a 5 MB prompt: its body
 # and the strings made of it. Tokenizing it whole grew it by ~500 MB.
@@ -127,3 +128,13 @@ def test_count_tokens_refuses_a_prompt_past_the_context_as_anthropic_does(served
         client.messages.count_tokens(model=MODEL, messages=past)
     assert f"tokens > {served.context - 1} maximum" in refused.value.message
 
+
+def test_a_5_mb_embeddings_input_is_read_only_as_far_as_the_model_reads(served):
+    """The embedding model reads an input's first 256 tokens (longer inputs are truncated, as
+    sentence-transformers truncates them): a 5 MB input costs what those do."""
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
+    client.embeddings.create(model=EMBEDDER, input="loaded before the peak is measured")
+    growth, answer = peak_growth(served.pid, lambda: client.embeddings.create(model=EMBEDDER,
+                                                                               input=BIG))
+    assert answer.usage.prompt_tokens == 256
+    assert growth < PEAK_GROWTH, f"the peak grew by {growth >> 20} MiB"

@@ -1,8 +1,9 @@
 """The embedding engine: concurrent `embed` calls share forward passes in one worker thread.
 
 Callers await on their own event loop (any loop, any thread); the worker gathers what is queued
-(up to `max_batch_size` inputs, waiting at most `max_batch_delay` seconds for company), counts
-and checks each request's tokens on its own, then embeds the batch. A request that fails its
+(up to `max_batch_size` inputs, waiting at most `max_batch_delay` seconds for company), cuts
+each input to the part the model reads (never tokenizing a long one whole), counts and checks
+each request's tokens on its own, then embeds the batch. A request that fails its
 checks, or whose inputs break the forward pass, fails alone.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +24,10 @@ from handlers.engine.embedding.model import EmbeddingModel
 from handlers.engine.types import EmbeddingResult, RequestValidationError
 
 T = TypeVar("T")
+# An input's first read, in characters per token the model reads: more than words take, so one
+# read is enough for text (all-MiniLM-L6-v2 reads 256 tokens: 8,192 characters).
+_CHARS_PER_TOKEN = 32
+_LAST_SPACE = re.compile(r"\s\S*\Z")  # the last whitespace before the end (endpos)
 
 
 @dataclass
@@ -133,25 +139,47 @@ class EmbeddingEngine:
         return _live(batch), False
 
     def _admit(self, job: _Job) -> bool:
-        """Count the job's tokens; fail it (alone) when an input is too long to embed whole
-        and truncation is off. Returns whether the job goes on to the forward pass."""
+        """Cut the job's inputs to what the model reads and count their tokens; fail it (alone)
+        when an input is too long to embed whole and truncation is off. Returns whether the job
+        goes on to the forward pass."""
         limit = self.max_seq_length
-        tokenizer = self._loaded.model.tokenizer
         try:
-            encoded = tokenizer([job.prompt + text for text in job.texts], verbose=False)
-            lengths = [len(ids) for ids in encoded["input_ids"]]
-            for index, length in enumerate(lengths):
+            read = [self._read(job.prompt, text) for text in job.texts]
+            for index, (text, length) in enumerate(read):
                 if length > limit and not job.truncate:
+                    size = length if text is job.texts[index] else f"more than {limit}"
                     raise RequestValidationError(
                         "input",
-                        f"input[{index}] is {length} tokens long, over the embedding model's "
+                        f"input[{index}] is {size} tokens long, over the embedding model's "
                         f"limit of {limit} tokens; shorten it or allow truncation",
                     )
         except Exception as error:  # this job's own failure: reported to it alone
             _settle(job, error=error)
             return False
-        job.prompt_tokens = sum(min(length, limit) for length in lengths)
+        job.texts = [text for text, _ in read]
+        job.prompt_tokens = sum(min(length, limit) for _, length in read)
         return True
+
+    def _read(self, prompt: str, text: str) -> tuple[str, int]:
+        """The part of `text` the model reads after `prompt`, and its tokens with `prompt`.
+
+        The model reads an input's first max_seq_length tokens; tokenizing a 5 MB input whole
+        to find them took seconds and ~1 GB, twice (here and in the forward pass). So the input
+        is cut first, in a window of _CHARS_PER_TOKEN characters per token the model reads,
+        doubled until the part holds more tokens than the model reads or is the whole input.
+        The cut falls before the last whitespace in the window's back half: tokenizers that
+        split words at whitespace (BERT's WordPiece, SentencePiece, byte-level BPE) give the
+        words before it the tokens they have in the whole input, so the model reads the same
+        tokens. Without whitespace there, it falls at the window's end, in a word longer than
+        half the window (WordPiece reads one [UNK] for any word over 100 characters)."""
+        limit, window = self.max_seq_length, self.max_seq_length * _CHARS_PER_TOKEN
+        tokenizer = self._loaded.model.tokenizer
+        while True:
+            part = _cut(text, window)
+            [ids] = tokenizer([prompt + part], verbose=False)["input_ids"]
+            if part is text or len(ids) > limit:
+                return part, len(ids)
+            window *= 2
 
     def _embed_jobs(self, prompt: str, jobs: list[_Job]) -> None:
         """Embed the jobs' inputs together; if that fails, embed each job alone so the failure
@@ -191,6 +219,15 @@ def _in_passing_thread(work: Callable[[], T]) -> T:
     that ends frees its team."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="embeddings-forward") as once:
         return once.submit(work).result()
+
+
+def _cut(text: str, window: int) -> str:
+    """`text` if it fits in `window` characters, else its start: up to the last whitespace in
+    the window's back half, or the whole window where there is none."""
+    if len(text) <= window:
+        return text
+    space = _LAST_SPACE.search(text, window // 2, window)
+    return text[: space.start() if space else window]
 
 
 def _check_request(texts: object, instruction: object) -> None:
