@@ -363,11 +363,12 @@ class FakeEmbeddingEngine:
 def served_app(engine: FakeEngine | None, embedder: FakeEmbeddingEngine | None = None, *,
                loaded: bool = True, model_name: str = "fake-model",
                dynamic: tuple[int, int, bool] | None = None, embeddings_only: bool = False,
-               fleet: Any = None, **settings: Any) -> Any:
+               fleet: Any = None, clock: Callable[[], float] = time.time,
+               **settings: Any) -> Any:
     """The server's app over fake engines, as `lmi-serve` composes it: `dynamic` is
     (batch_size, max_batch_delay ms, enable_streaming) for LMI's dynamic batching; an
     embeddings-only server serves `embedder` alone; until `loaded`, nothing is attached;
-    `fleet` loads models at runtime."""
+    `fleet` loads models at runtime; `clock`: the wall clock sessions expire by."""
     from handlers.engine.dynamic_batch import DynamicBatcher
     from handlers.server.app import create_app
     from handlers.server.context import Served, ServerContext, ServerSettings
@@ -385,7 +386,7 @@ def served_app(engine: FakeEngine | None, embedder: FakeEmbeddingEngine | None =
         embedded.attach(embedder)
     settings = ServerSettings(model_name, dynamic_batching=dynamic is not None,
                               dynamic_streaming=bool(dynamic and dynamic[2]), **settings)
-    ctx = ServerContext(settings, generator, embedded)
+    ctx = ServerContext(settings, generator, embedded, clock=clock)
     if fleet is not None:  # models loaded at runtime (handlers/server/fleet.py)
         ctx.load_models_with(fleet)
     return create_app(ctx)

@@ -152,7 +152,9 @@ class ServerContext:
     when none is served)."""
 
     def __init__(self, settings: ServerSettings, generator: Served[Engine] | None,
-                 embedder: Served[Embedder] | None = None) -> None:
+                 embedder: Served[Embedder] | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`clock`: the wall clock sessions expire by (tests step their own)."""
         self.settings = settings
         self.generator = generator
         self.embedder = embedder
@@ -174,7 +176,7 @@ class ServerContext:
         endpoint = settings.otlp_traces_endpoint
         self.tracing = Tracing(endpoint) if endpoint is not None else None
         self.sessions = Sessions(settings.sessions_expiration, settings.max_sessions,
-                                 self._release_session,
+                                 self._release_session, clock,
                                  per_client=settings.max_sessions_per_client
                                  ) if settings.stateful_sessions else None
         if self.sessions is not None:

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from fakes import FakeEmbeddingEngine, FakeEngine, served_app
+from fakes import HANG_GUARD_S, FakeEmbeddingEngine, FakeEngine, served_app
 from server_process import serving
 from tritonclient.utils import InferenceServerException
 
@@ -112,14 +112,19 @@ def test_an_empty_outputs_list_returns_no_tensor(url):
 
 
 def test_triton_timeout_ends_the_request_and_frees_it():
-    engine = FakeEngine(token_delay=0.01)
+    """A request that never finishes (the engine stalls it) ends by its Triton `timeout`, and
+    what reached the engine is aborted: whether the 50 ms pass before or after the engine gets
+    it, nothing is left running."""
+    engine = FakeEngine()
     with serving(served_app(engine)) as url:
-        slow = triton.InferenceServerClient(url.removeprefix("http://"))
+        slow = triton.InferenceServerClient(url.removeprefix("http://"),
+                                            network_timeout=HANG_GUARD_S)
         with pytest.raises(InferenceServerException) as caught:
-            slow.infer(MODEL, [prompts("a")], timeout=50_000,  # microseconds
-                       parameters={"max_new_tokens": 60})
+            slow.infer(MODEL, [prompts("a [[stall:0]]")], timeout=50_000)  # microseconds
     assert caught.value.status() == "408"
-    assert engine.aborted == [engine.requests[0].request_id]
+    assert "deadline of 0.05 s (the request's timeout)" in caught.value.message()
+    assert engine.finished == []
+    assert engine.aborted == [request.request_id for request in engine.requests]
 
 
 @pytest.mark.parametrize(("tensor", "message"), [

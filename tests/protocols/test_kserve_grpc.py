@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from fakes import FakeEngine, served_app
+from fakes import HANG_GUARD_S, FakeEngine, served_app
 from server_process import free_port, serving
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -145,15 +145,20 @@ def test_errors_are_grpc_status_codes(client, call, code, message):
 
 
 def test_triton_timeout_is_deadline_exceeded_and_frees_the_request():
-    engine = FakeEngine(token_delay=0.01)
+    """A request that never finishes (the engine stalls it) ends by its Triton `timeout`, and
+    what reached the engine is aborted: whether the 50 ms pass before or after the engine gets
+    it, nothing is left running."""
+    engine = FakeEngine()
     port = free_port()
     with serving(served_app(engine, grpc_host="127.0.0.1", grpc_port=port)):
         slow = triton.InferenceServerClient(f"127.0.0.1:{port}")
         with pytest.raises(InferenceServerException) as caught:
-            slow.infer(MODEL, [prompts("a")], timeout=50_000,  # microseconds
-                       parameters={"max_new_tokens": 60})
+            slow.infer(MODEL, [prompts("a [[stall:0]]")], timeout=50_000,  # microseconds
+                       client_timeout=HANG_GUARD_S)
     assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
-    assert engine.aborted == [engine.requests[0].request_id]
+    assert "deadline of 0.05 s (the request's timeout)" in caught.value.message()
+    assert engine.finished == []
+    assert engine.aborted == [request.request_id for request in engine.requests]
 
 
 @pytest.mark.e2e

@@ -181,12 +181,15 @@ async def test_an_expired_session_is_gone_and_released():
 
 def test_a_session_past_its_expiry_is_refused_naming_it():
     engine = FakeEngine()
-    with serving(served_app(engine, sessions_expiration=1)) as url:
+    now = [1000.0]  # the server's wall clock, stepped by the test
+    with serving(served_app(engine, sessions_expiration=60, clock=lambda: now[0])) as url:
         client = runtime(url)
         answer = invoke(client, {"requestType": "NEW_SESSION"}, "NEW_SESSION")
         session = answer["NewSessionId"].split(";")[0]
+        now[0] = 1059.0  # a second before its expiry
         invoke(client, {"inputs": "a"}, session)
-        time.sleep(1.2)  # past its expiry, which is at least one second away
+        assert engine.released_sessions == []
+        now[0] = 1060.0
         expired = httpx.post(f"{url}/invocations", json={"inputs": "a"},
                              headers={HEADER: session})
     assert expired.status_code == 400 and session in expired.json()["error"]
