@@ -61,13 +61,13 @@ def test_unknown_or_vllm_only_quantizations_are_refused_by_the_torch_engine(tiny
 
 
 @pytest.mark.slow
-async def test_the_default_serves_the_gguf_blocks_and_a_greedy_answer_ignores_its_batch():
-    """The embedded model as `auto` serves it where the kernel is faster: its Q4_1/Q8_0 blocks;
-    32 greedy answers decoded together, arriving one after another, equal each alone."""
-    loaded = load_model(default_model_path())
-    if loaded.quantize_mode != "gguf":
-        pytest.skip(f"auto serves float linears on this CPU ({loaded.quantize_mode})")
-    assert loaded.quantize == "int4"
+async def test_on_the_gguf_blocks_a_greedy_answer_ignores_its_batch():
+    """The embedded model on its Q4_1/Q8_0 blocks (what `auto` serves where its startup probe
+    finds the kernel faster; forced here, as a busy machine's probe may find it slower:
+    test_auto_measures_the_cpus_float_dtype_once tests that choice): 32 greedy answers decoded
+    together, arriving one after another, equal each alone."""
+    loaded = load_model(default_model_path(), quantize="gguf")
+    assert (loaded.quantize_mode, loaded.quantize) == ("gguf", "int4")
     engine = TorchEngine(loaded, max_batch_size=32, max_prefill_tokens=512)
     await engine.start()
     try:
