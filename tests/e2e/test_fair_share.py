@@ -37,7 +37,9 @@ def chunks(line: str) -> list[dict]:
 
 
 async def test_a_bystanders_first_token_does_not_wait_for_a_big_requests_batch(url):
-    big = {"prompt": [f"Count from {i} to" for i in range(PROMPTS)], "max_tokens": 4,
+    # Sixteen tokens each: a batch of the big request runs long enough for the bystander to
+    # reach the engine while the first batch runs, however slowly its request is read.
+    big = {"prompt": [f"Count from {i} to" for i in range(PROMPTS)], "max_tokens": 16,
            "ignore_eos": True, "temperature": 0, "stream": True}
     bystander = {"prompt": "The capital of France is", "max_tokens": 2, "stream": True}
     finished = 0  # the big request's sequences finished, as its stream has told so far
