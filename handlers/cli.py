@@ -29,6 +29,7 @@ from handlers.config import (
     Config,
     ConfigError,
     check_effects,
+    config_lines,
     load_config,
     log_config,
     parse_args,
@@ -91,7 +92,8 @@ def _version() -> str:
         return "0+checkout"
 
 
-def server_settings(config: Config) -> ServerSettings:
+def server_settings(config: Config, engine: str | None = None) -> ServerSettings:
+    """What the server serves by (`engine`: the registry's choice, None for embeddings only)."""
     return ServerSettings(
         model_name=config.model_name,
         output_formatter=config.output_formatter,
@@ -121,6 +123,8 @@ def server_settings(config: Config) -> ServerSettings:
         adapter_roots=adapter_roots(config),
         model_roots=model_roots(config),
         runtime_fetch=config.allow_runtime_fetch,
+        engine=engine,
+        configuration=tuple(config_lines(config)),
     )
 
 
@@ -161,7 +165,8 @@ def serve(config: Config) -> int:
         embedder = Served(config.model_name if config.embeddings_only else
                           _embedding_name(config.embedding_source),
                           loads_later=not config.embeddings_only)
-    ctx = ServerContext(server_settings(config), generator, embedder)
+    engine = None if config.embeddings_only else registry.chosen(config).name
+    ctx = ServerContext(server_settings(config, engine), generator, embedder)
     if not config.embeddings_only:
         ctx.load_models_with(Fleet(fleet_build(config), config.max_models))
     ctx.adapter_records.update({adapter.name: AdapterRecord(adapter.name, str(adapter.path))

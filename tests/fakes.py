@@ -110,6 +110,7 @@ class FakeEngine:
     max_model_len: int = 64
     dtype: str = "float32"
     device: str = "cpu"
+    quantization: str = "none"
     adapters: tuple[str, ...] = ()  # LoRA adapters a request may name (it runs them alike)
     lora: bool = True  # false: LoRA is off, as option.enable_lora=false turns a real engine's
     answer_parsing: Any = None  # chat answers are read by the protocols' parsers

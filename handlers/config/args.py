@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from handlers.config import values
@@ -58,18 +59,38 @@ _LABELS = {
 }
 
 
-_SECRETS = {"api_key"}  # logged as set or not, never the value
+_SECRETS = {"api_key"}  # shown as set or not, never the value
 
 
-def log_config(config: Config, logger: logging.Logger) -> None:
-    """Log one line per effective value, with where it came from."""
+@dataclass(frozen=True)
+class Line:
+    """One effective value as startup logs it and `GET /config` reports it: its key, its value
+    as text (a secret as `<set>`), where it came from, and what it is when not a setting."""
+
+    key: str
+    value: str
+    source: str
+    note: str = ""  # e.g. "a DJL setting with no effect here"
+
+
+def config_lines(config: Config) -> list[Line]:
+    """Every effective value with where it came from; secrets never shown."""
+    lines = []
     for field, label in _LABELS.items():
         value = getattr(config, field)
         if field in _SECRETS and value is not None:
             value = "<set>"
-        logger.info("config %s = %s [%s]", label, value, config.sources[field])
+        lines.append(Line(label, str(value), config.sources[field]))
     for key, (value, source) in config.ignored.items():
-        logger.info("config %s = %s [%s; a DJL setting with no effect here]", key, value, source)
+        lines.append(Line(key, value, source, "a DJL setting with no effect here"))
     for name, (value, source) in config.engine_args.items():
         shown = "<set>" if "token" in name or "key" in name else value  # hf_token and the like
-        logger.info("config option.%s = %s [%s; an engine argument by name]", name, shown, source)
+        lines.append(Line(f"option.{name}", shown, source, "an engine argument by name"))
+    return lines
+
+
+def log_config(config: Config, logger: logging.Logger) -> None:
+    """Log one line per effective value, with where it came from."""
+    for line in config_lines(config):
+        note = f"; {line.note}" if line.note else ""
+        logger.info("config %s = %s [%s%s]", line.key, line.value, line.source, note)

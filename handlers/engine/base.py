@@ -81,6 +81,9 @@ class Engine(Protocol):
     tokenizer: Tokenizer
     dtype: str  # the weights' dtype, e.g. "float32" (what /info reports)
     device: str  # e.g. "cpu", "cuda"
+    # How the weights are quantized as served: "none" (float), or the format (the torch
+    # engine's option.quantize mode, a GGUF's type in llama.cpp, vLLM's method).
+    quantization: str
     adapters: tuple[str, ...]  # the LoRA adapters a request may name (`adapter`); () for none
     answer_parsing: AnswerParsing | None  # its own reading of chat answers; None: the protocols'
     # How many engine requests of one client request (one `GenerationRequest.group`) it should

@@ -112,6 +112,10 @@ class DynamicBatcher:
         return self.inner.device
 
     @property
+    def quantization(self) -> str:
+        return self.inner.quantization
+
+    @property
     def adapters(self) -> tuple[str, ...]:
         return self.inner.adapters
 

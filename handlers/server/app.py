@@ -17,6 +17,7 @@ from handlers.server.grpc import GrpcServer
 from handlers.server.http import (
     adapters,
     anthropic,
+    configuration,
     databricks,
     embeddings,
     generate,
@@ -45,7 +46,7 @@ from handlers.server.telemetry import RequestCounter
 
 PROTOCOLS: tuple[Protocol, ...] = tuple(module.PROTOCOL for module in (
     health, models, openai, embeddings, databricks, kserve, generate, tgi, metrics,
-    responses_api, anthropic, tokens, adapters, sessions, lmi))
+    responses_api, anthropic, tokens, adapters, sessions, lmi, configuration))
 EXPIRY_SWEEP_SECONDS = 60  # how often expired stateful sessions are let go at the latest
 
 

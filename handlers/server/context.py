@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar
 import anyio
 import anyio.to_thread
 
+from handlers.config import Line
 from handlers.engine.base import Embedder, Engine
 from handlers.engine.types import AdapterActivity, GenerationRequest
 from handlers.protocols.adapter_management import AdapterRecord
@@ -85,6 +86,8 @@ class ServerSettings:
     adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
     model_roots: tuple[Path, ...] = ()  # the only places POST /models reads from
     runtime_fetch: bool = False  # option.allow_runtime_fetch: those may fetch s3:// or Hub ids
+    engine: str | None = None  # the engine the registry chose (torch, llamacpp, vllm)
+    configuration: tuple[Line, ...] = ()  # the effective settings and their sources (GET /config)
 
     def chat_format(self, engine: Engine) -> ChatFormat:
         """How `engine`'s chat answers are read: by its own parsers where it has them."""

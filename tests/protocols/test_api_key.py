@@ -83,7 +83,7 @@ def test_every_post_route_requires_the_key(url, route):
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/info", "/v2", f"/v2/models/{MODEL}",
-                                  f"/v2/models/{MODEL}/ready", f"/v1/models/{MODEL}"])
+                                  f"/v2/models/{MODEL}/ready", f"/v1/models/{MODEL}", "/config"])
 def test_other_get_routes_require_the_key(url, path):
     assert httpx.get(url + path).status_code == 401
     assert httpx.get(url + path, headers={"x-api-key": KEY}).status_code == 200

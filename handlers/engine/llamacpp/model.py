@@ -19,6 +19,7 @@ from handlers.engine.gguf.cache import cached_tokenizer
 from handlers.model_source import derive_model_name
 
 log = logging.getLogger(__name__)
+_FLOAT_TYPES = frozenset({"f32", "f16", "bf16"})  # llama.cpp's names of float weights
 # llama.cpp's own log lines (one per tensor and setting at load) go to stderr: errors only.
 logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
@@ -39,6 +40,11 @@ class LlamaCppModel:
     vocab_size: int
     kv_bytes_per_token: int  # K and V in float16, every layer
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def quantization(self) -> str:
+        """The GGUF's type; "none" for float weights."""
+        return "none" if self.dtype in _FLOAT_TYPES else self.dtype
 
 
 def load_model(source: Path, name: str | None = None,

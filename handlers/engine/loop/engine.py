@@ -37,6 +37,7 @@ class Loaded(Protocol):
     eos_token_ids: set[int]
     dtype: Any  # a torch dtype, or the name of the weights' type (a GGUF's "q4_1")
     device: Any  # a torch device
+    quantization: str  # as Engine.quantization
     max_model_len: int
 
 
@@ -73,6 +74,7 @@ class LoopEngine:
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.device = loaded.device.type
+        self.quantization = loaded.quantization
         self.max_model_len = loaded.max_model_len
         self.lora = lora
         self.loaded = loaded  # the weights, kept across restarts

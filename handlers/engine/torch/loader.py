@@ -57,6 +57,13 @@ class LoadedModel:
     quantize: str = "none"  # the linears' weights: none (float), int8 or int4 (the narrowest)
     quantize_mode: str = "none"  # what option.quantize resolved to (quantization.py's Plan)
 
+    @property
+    def quantization(self) -> str:
+        """The mode, and the narrowest width where the mode does not say it (a GGUF's blocks)."""
+        if self.quantize_mode in ("none", self.quantize):
+            return self.quantize_mode
+        return f"{self.quantize_mode} ({self.quantize})"
+
 
 def check_dtype(dtype: str) -> None:
     if dtype.lower() != "auto" and dtype.lower() not in _DTYPES:

@@ -59,6 +59,7 @@ class VllmEngine:
         config = llm.model_config
         self.max_model_len: int = config.max_model_len
         self.dtype = str(config.dtype).removeprefix("torch.")
+        self.quantization: str = config.quantization or "none"
         self.device = "cuda" if _on_cuda() else "cpu"
         self.stall_timeout = stall_timeout
         self._special = frozenset(tokenizer.hf.all_special_ids)
