@@ -123,6 +123,7 @@ def server_settings(config: Config, engine: str | None = None) -> ServerSettings
         adapter_roots=adapter_roots(config),
         model_roots=model_roots(config),
         runtime_fetch=config.allow_runtime_fetch,
+        enable_ui=config.enable_ui,
         engine=engine,
         configuration=tuple(config_lines(config)),
     )

@@ -98,6 +98,10 @@ SETTINGS: tuple[Setting, ...] = (
     # Unset: no key (SageMaker authenticates callers upstream); set: every route but health
     # requires it. Never logged.
     Setting("option.api_key", "api_key", values.text, None),
+    # The page for people (GET /ui, and GET / asked for HTML): the server's status and a
+    # playground over its own routes, behind the API key's routes; false: not served (GET / is
+    # TGI's health alone).
+    Setting("option.enable_ui", "enable_ui", values.boolean, True),
     # Where OpenTelemetry traces of requests go (an OTLP endpoint; the wire, headers and the rest
     # are the SDK's OTEL_* variables); unset: no traces, and nothing of OpenTelemetry loaded.
     Setting("option.otlp_traces_endpoint", "otlp_traces_endpoint", values.text, None),

@@ -92,6 +92,7 @@ class Config:
     timeout_graceful_shutdown: int  # seconds
     predict_timeout: int | None  # seconds; None: no deadline
     api_key: str | None = dataclasses.field(repr=False)  # None: no key required
+    enable_ui: bool  # the page (GET /ui)
     otlp_traces_endpoint: str | None  # None: traces off
     enable_stateful_sessions: bool
     sessions_expiration: int  # seconds

@@ -23,7 +23,8 @@ _OPTIONS = {s.key for s in SETTINGS if s.key.startswith("option.")} - _DJL_OWN
 _SERVER_ONLY = ("full_text_enabled", "chat_template", "embedding_model_id", "api_key",
                 "reasoning_parser", "tool_call_parser", "enable_auto_tool_choice",
                 "otlp_traces_endpoint", "sessions_expiration", "max_sessions", "max_models",
-                "max_client_batch_size", "max_sessions_per_client", "allow_runtime_fetch")
+                "max_client_batch_size", "max_sessions_per_client", "allow_runtime_fetch",
+                "enable_ui")
 
 
 def is_rolling(properties: Mapping[str, Any]) -> bool:

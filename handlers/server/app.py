@@ -43,10 +43,11 @@ from handlers.server.http.invocations import Invocations
 from handlers.server.http.request_id import RequestIdMiddleware
 from handlers.server.request_ids import install_log_ids
 from handlers.server.telemetry import RequestCounter
+from handlers.server.ui import page
 
 PROTOCOLS: tuple[Protocol, ...] = tuple(module.PROTOCOL for module in (
     health, models, openai, embeddings, databricks, kserve, generate, tgi, metrics,
-    responses_api, anthropic, tokens, adapters, sessions, lmi, configuration))
+    responses_api, anthropic, tokens, adapters, sessions, lmi, configuration, page))
 EXPIRY_SWEEP_SECONDS = 60  # how often expired stateful sessions are let go at the latest
 
 
@@ -82,6 +83,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
         app.include_router(routes)
     docs = {operation: doc for protocol in protocols for operation, doc in protocol.docs.items()}
     openapi.install(app, ctx.settings.server_version, docs)  # the bodies routes read by hand
+    if ctx.settings.enable_ui:
+        app.add_middleware(page.PageAtRoot)  # innermost: it routes `GET /` to the page
     if ctx.settings.api_key:
         app.add_middleware(ApiKeyMiddleware, key=ctx.settings.api_key)
     app.add_middleware(BodyFramingMiddleware, timeout=ctx.settings.client_body_timeout)

@@ -86,6 +86,7 @@ class ServerSettings:
     adapter_roots: tuple[Path, ...] = ()  # the only places the adapter API reads from
     model_roots: tuple[Path, ...] = ()  # the only places POST /models reads from
     runtime_fetch: bool = False  # option.allow_runtime_fetch: those may fetch s3:// or Hub ids
+    enable_ui: bool = True  # option.enable_ui: the page (GET /ui, GET / asked for HTML)
     engine: str | None = None  # the engine the registry chose (torch, llamacpp, vllm)
     configuration: tuple[Line, ...] = ()  # the effective settings and their sources (GET /config)
 

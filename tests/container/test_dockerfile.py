@@ -7,7 +7,10 @@ import json
 import os
 import posixpath
 import shlex
+import shutil
 import subprocess
+import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,3 +202,27 @@ def test_a_podman_build_writes_the_docker_format_that_keeps_the_healthcheck(tmp_
     (build,) = [shlex.split(line) for line in asked.read_text().splitlines()
                 if line.startswith("build ")]
     assert build[build.index("--format") + 1] == "docker"
+
+
+def test_the_image_and_the_wheel_carry_the_pages_files(tmp_path):
+    """The image copies handlers/ and installs it with `pip install .`, a wheel: the page's
+    files (GET /ui) must be in the wheel, which its package-data decides. Built here from a copy
+    of the checkout (nothing written into it), without the network."""
+    page = REPO / "handlers" / "server" / "ui"
+    files = sorted(p.name for p in page.iterdir() if p.is_file() and p.suffix != ".py")
+    assert {"index.html", "app.js", "style.css"} <= set(files)
+    for flavor in FLAVORS:
+        assert repo_path_of(f"/opt/lmi/handlers/server/ui/{files[0]}", flavor) == page / files[0]
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "handlers", source / "handlers",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "--no-index", "-w", str(tmp_path / "out"),
+                    str(source)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "out").glob("lmi_serve-*.whl")
+    with zipfile.ZipFile(wheel) as built:
+        packed = {name for name in built.namelist() if name.startswith("handlers/server/ui/")}
+    assert packed >= {f"handlers/server/ui/{name}" for name in files}

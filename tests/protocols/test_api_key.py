@@ -26,7 +26,7 @@ from handlers.djl.settings import check_djl_effects
 KEY = "s3cret-key"
 MODEL = "fake-model"
 OPEN = ["/ping", "/health", "/v2/health/live", "/v2/health/ready", "/metrics", "/",
-        "/openapi.json", "/docs"]
+        "/openapi.json", "/docs", "/ui", "/ui/app.js"]  # the page's files ask for the key
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ answers 401 to a request without the key (`Authorization: Bearer` or `x-api-key`
 Anthropic's error shape under `/v1/messages` or with an `anthropic-version` header, in OpenAI's
 elsewhere under `/v1/` and on `/tokenize` / `/detokenize`, else as `{"error": ...}`. Health,
 liveness, metrics and the API documents stay open, as vLLM leaves them, so probes and scrapers
-need no key."""
+need no key; so do the page's files, which hold nothing of the server's and ask for the key."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from handlers.protocols.errors import KServeError
 from handlers.server.api_key import UNAUTHORIZED, ApiKey
 from handlers.server.framing import Reply
 from handlers.server.http.answers import json_response
+from handlers.server.ui.page import is_page
 
 OPEN_PATHS = frozenset({"/ping", "/health", "/v2/health/live", "/v2/health/ready", "/metrics",
                         "/openapi.json", "/docs", "/redoc"})
@@ -27,7 +28,7 @@ OPENAI_PATHS = ("/v1/", "/tokenize", "/detokenize")  # vLLM's tokenizer routes: 
 def is_open(method: str, path: str) -> bool:
     if path == "/":
         return method in _OPEN_ROOT_METHODS
-    return path in OPEN_PATHS or path.startswith("/docs/")
+    return path in OPEN_PATHS or path.startswith("/docs/") or is_page(method, path)
 
 
 def refusal(path: str, headers: Headers) -> Reply:
