@@ -4,9 +4,10 @@ Put a `model.py` holding `from handlers.djl import handle` next to `serving.prop
 `option.entryPoint=handlers.djl`). `option.rolling_batch=torch` runs continuous batching, one
 engine step per DJL call; `option.rolling_batch=disable` (with `batch_size`) runs dynamic batches.
 
-`handle` and `_service` load on first use: they need DJL's `djl_python`, which only DJL's
-containers carry, while `handlers.djl.settings` (the properties, read by this project's checks)
-must import without it.
+The service behind `handle` loads on first use: it needs DJL's `djl_python`, which only DJL's
+containers carry, while this package must import without it (`handlers.djl.settings` is read by
+this project's checks; lmi-serve imports a model.py holding the import above, and applies the
+formatters of other model.py files: model_code.py, custom_entry.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ from typing import Any
 __all__ = ["_service", "handle"]
 
 
+def handle(inputs: Any) -> Any:
+    """DJL Serving's entry point: `option.entryPoint=handlers.djl`, or a model.py importing it."""
+    from handlers.djl import service
+
+    return service.handle(inputs)
+
+
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name == "_service":
         from handlers.djl import service
 
-        return getattr(service, name)
+        return service._service
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
