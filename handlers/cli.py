@@ -34,6 +34,9 @@ from handlers.config import (
     log_config,
     parse_args,
 )
+from handlers.djl.custom_entry import CustomEntry
+from handlers.djl.model_code import ModelCodeError, ModelCodes
+from handlers.djl.model_code import find as find_model_code
 from handlers.engine import registry
 from handlers.engine.base import Embedder, Engine, EngineBuild, SupervisedLoop
 from handlers.model_fetch import default_cache_dir
@@ -63,6 +66,7 @@ class Loaded:
     build: EngineBuild | None  # None on an embeddings-only server
     embedder: Embedder | None = None  # loaded with the engine (an embeddings-only server's)
     embedding_files: Path | None = None  # located, to load once the engine serves
+    code: ModelCodes | None = None  # the model.py files found, imported
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,6 +218,8 @@ def _run(config: Config, ctx: ServerContext, loaded: Loaded, http: threading.Thr
     """Attach what loaded (/ping answers 200 from here on) and run until the server stops;
     `all_loaded` runs once every model has (the embedding model may load later)."""
     built = loaded.build
+    if loaded.code is not None:
+        ctx.entry_code = CustomEntry(loaded.code)
     if loaded.embedder is not None:
         ctx.embedder.attach(loaded.embedder)
     if loaded.embedder is None and loaded.embedding_files is not None:
@@ -266,7 +272,8 @@ def _load(config: Config) -> Loaded | None:
     model the embedding model's files are located (fetched) meanwhile, so a bad
     option.embedding_model_id fails the start; the model loads later (`_load_embedder_later`)."""
     if config.embeddings_only:
-        loading = _in_thread(lambda: Loaded(None, _load_embedder(config)), "embedding-load")
+        loading = _in_thread(lambda: Loaded(None, _load_embedder(config),
+                                            code=find_model_code(config)), "embedding-load")
     else:
         try:
             load = registry.loader(config)  # imports the engine: anything may raise there
@@ -278,9 +285,12 @@ def _load(config: Config) -> Loaded | None:
         located = _in_thread(lambda: source and resolve_embedding_source(source,
                                                                          config.model_dir),
                              "embedding-fetch")
-        loading = _in_thread(lambda: Loaded(load(), None, located.result()), "load")
+        # model.py first: its import, and its init handler, fail before the model loads
+        loading = _in_thread(lambda: _loaded(find_model_code(config), load, located), "load")
     try:
         return loading.result(timeout=config.model_loading_timeout)
+    except ModelCodeError as error:
+        log.error("%s; stopping", error, exc_info=error.__cause__)
     except TimeoutError:
         log.error("loading the model took longer than option.model_loading_timeout=%d s "
                   "(%s); stopping", config.model_loading_timeout,
@@ -288,6 +298,11 @@ def _load(config: Config) -> Loaded | None:
     except Exception as error:  # noqa: BLE001 (logged: the server stops)
         log.error("loading failed", exc_info=error)
     return None
+
+
+def _loaded(code: ModelCodes | None, load: Callable[[], EngineBuild],
+            located: Future[Path | None]) -> Loaded:
+    return Loaded(load(), None, located.result(), code)
 
 
 def _load_embedder(config: Config, files: Path | None = None) -> Embedder | None:

@@ -365,11 +365,12 @@ def served_app(engine: FakeEngine | None, embedder: FakeEmbeddingEngine | None =
                loaded: bool = True, model_name: str = "fake-model",
                dynamic: tuple[int, int, bool] | None = None, embeddings_only: bool = False,
                fleet: Any = None, clock: Callable[[], float] = time.time,
-               **settings: Any) -> Any:
+               model_code: Any = None, **settings: Any) -> Any:
     """The server's app over fake engines, as `lmi-serve` composes it: `dynamic` is
     (batch_size, max_batch_delay ms, enable_streaming) for LMI's dynamic batching; an
     embeddings-only server serves `embedder` alone; until `loaded`, nothing is attached;
-    `fleet` loads models at runtime; `clock`: the wall clock sessions expire by."""
+    `fleet` loads models at runtime; `clock`: the wall clock sessions expire by; `model_code`
+    is a model.py's (handlers.djl.model_code's ModelCodes), applied at LMI's entry."""
     from handlers.engine.dynamic_batch import DynamicBatcher
     from handlers.server.app import create_app
     from handlers.server.context import Served, ServerContext, ServerSettings
@@ -390,4 +391,8 @@ def served_app(engine: FakeEngine | None, embedder: FakeEmbeddingEngine | None =
     ctx = ServerContext(settings, generator, embedded, clock=clock)
     if fleet is not None:  # models loaded at runtime (handlers/server/fleet.py)
         ctx.load_models_with(fleet)
+    if model_code is not None:
+        from handlers.djl.custom_entry import CustomEntry
+
+        ctx.entry_code = CustomEntry(model_code)
     return create_app(ctx)

@@ -36,6 +36,7 @@ from handlers.server.tracing import NO_USAGE, RequestTrace, Tracing
 
 if TYPE_CHECKING:
     from handlers.server.fleet import Fleet
+    from handlers.server.http.invocations import EntryCode
 
 E = TypeVar("E", Engine, Embedder)
 P = ParamSpec("P")
@@ -177,6 +178,7 @@ class ServerContext:
         self._generations: weakref.WeakSet[Generation] = weakref.WeakSet()  # what a drain cuts
         self.adapter_records: dict[str, AdapterRecord] = {}  # what the adapter API reports
         self.fleet: Fleet | None = None  # models loaded at runtime (POST /models), when served
+        self.entry_code: EntryCode | None = None  # a model.py's, at LMI's entry, once imported
         endpoint = settings.otlp_traces_endpoint
         self.tracing = Tracing(endpoint) if endpoint is not None else None
         self.sessions = Sessions(settings.sessions_expiration, settings.max_sessions,

@@ -31,12 +31,19 @@ class Framing(Enum):
     OPENAI_SSE = "openai_sse"  # SSE ending with `data: [DONE]`
     SSE_COMPACT = "sse_compact"  # `data:{json}` events, no space (MindIE's, TGI's)
     NAMED_SSE = "named_sse"  # `event: <the object's type>` then `data: {json}` (Anthropic's)
+    # Text written already (a model.py's formatter's), one line per event, then an empty line
+    # (DJL's last, empty chunk).
+    TEXT_LINES = "text_lines"
 
     @property
     def media_type(self) -> str:
-        return JSONLINES_MEDIA_TYPE if self is Framing.JSONLINES else SSE_MEDIA_TYPE
+        if self in (Framing.JSONLINES, Framing.TEXT_LINES):
+            return JSONLINES_MEDIA_TYPE
+        return SSE_MEDIA_TYPE
 
     def frame(self, data: Any) -> bytes:
+        if self is Framing.TEXT_LINES:
+            return data.encode() + b"\n"
         body = orjson.dumps(data)
         if self is Framing.JSONLINES:
             return body + b"\n"
@@ -46,21 +53,28 @@ class Framing(Enum):
 
     @property
     def trailer(self) -> bytes | None:
-        return b"data: [DONE]\n\n" if self is Framing.OPENAI_SSE else None
+        return _TRAILERS.get(self)
+
+
+_TRAILERS = {Framing.OPENAI_SSE: b"data: [DONE]\n\n", Framing.TEXT_LINES: b"\n"}
 
 
 @dataclass
 class Reply:
-    """A whole answer: its status and the object to send as JSON (None: no body), then `tail`,
-    raw bytes after the JSON (KServe's binary tensor data)."""
+    """A whole answer: its status and the object to send as JSON (None: no body; bytes: a body
+    written already, of `media_type`), then `tail`, raw bytes after the JSON (KServe's binary
+    tensor data)."""
 
     status: int
     content: Any
     headers: Mapping[str, str] = field(default_factory=dict)
     tail: bytes = b""
+    media_type: str = JSON_MEDIA_TYPE
 
     @property
     def body(self) -> bytes:
+        if isinstance(self.content, bytes):
+            return self.content + self.tail
         return (b"" if self.content is None else orjson.dumps(self.content)) + self.tail
 
     @property

@@ -17,7 +17,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from handlers.server.driver import Watch
-from handlers.server.framing import JSON_MEDIA_TYPE, Answer, Reply, StreamReply
+from handlers.server.framing import Answer, Reply, StreamReply
 
 GONE = 499  # a client that went away; never seen by it (nginx's "client closed request")
 
@@ -54,7 +54,7 @@ def json_response(reply: Reply) -> Response:
 
 def _encoded(reply: Reply, body: bytes) -> Response:
     if not reply.tail:
-        return Response(body, reply.status, reply.headers, media_type=JSON_MEDIA_TYPE)
+        return Response(body, reply.status, reply.headers, media_type=reply.media_type)
     headers = {**reply.headers, BINARY_HEADER_LENGTH: str(len(body) - len(reply.tail))}
     return Response(body, reply.status, headers, media_type="application/octet-stream")
 

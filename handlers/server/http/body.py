@@ -137,8 +137,3 @@ def _why(raw: bytes, exc: orjson.JSONDecodeError) -> str:
         return (f"it is not UTF-8 from byte {bad.start} on ({raw[bad.start]:#04x}: "
                 f"{bad.reason})")
     return str(exc)
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    """The decoded JSON body."""
-    return decode_json(await read_body(request, limit))

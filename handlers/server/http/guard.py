@@ -14,7 +14,7 @@ from handlers.protocols.errors import REFUSALS, ErrorKind, GenerationError, Prot
 from handlers.server.framing import Answer, Reply, error_reply
 from handlers.server.generation import ClientGone
 from handlers.server.http.answers import GONE
-from handlers.server.http.body import BodyError, read_json
+from handlers.server.http.body import BodyError, decode_json, read_body
 from handlers.server.status import Table
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,12 @@ class HttpProtocol:
 
 
 async def read_then(protocol: HttpProtocol, request: Request, limit: int,
-                    answer: Callable[[Any], Awaitable[Answer]]) -> Answer:
-    """Read the JSON body (at most `limit` bytes), then answer it; a body that cannot be read
-    is refused in the protocol's shape."""
+                    answer: Callable[[Any], Awaitable[Answer]],
+                    decode: Callable[[bytes], Any] = decode_json) -> Answer:
+    """Read the body (at most `limit` bytes), decode it (as JSON unless told otherwise), then
+    answer it; a body that cannot be read is refused in the protocol's shape."""
     try:
-        body = await read_json(request, limit)
+        body = decode(await read_body(request, limit))
     except BodyError as exc:
         log.info("bad body: %s", exc.message)
         return protocol.error(exc.message, exc.kind)

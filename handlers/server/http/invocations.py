@@ -23,6 +23,7 @@ what the body says (as vLLM's SageMaker integration sets `model`, and DJL LMI re
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,6 +49,17 @@ from handlers.server.http.lmi import LMI
 from handlers.server.request_ids import target_model
 
 
+class EntryCode(typing.Protocol):
+    """Code a user put at LMI's entry (a model.py: handlers/djl/custom_entry.py). It answers
+    the raw bodies sent to the server's own model, handing bodies on to `entry`."""
+
+    async def answer(self, ctx: ServerContext, request: Request, raw: bytes,
+                     entry: Invocations) -> Answer: ...
+
+    def forget_adapter(self, name: str) -> None:
+        """LoRA adapter `name` was unregistered: its own code no longer applies."""
+
+
 class Invocations:
     """The bodies every protocol answers on /invocations, and the answer to one."""
 
@@ -67,15 +79,23 @@ class Invocations:
 
     async def invoke(self, ctx: ServerContext, request: Request) -> Answer:
         """Answer an invocation body, whichever protocol it speaks (one that cannot be read is
-        refused in LMI's shape)."""
-        async def answer(body: Any) -> Answer:
-            body_of = self.body(ctx, body, request.headers)
-            adapter = requested_adapter(request)
-            if adapter is not None and isinstance(body, dict):
-                body = {**body, body_of.selector: adapter}
-            return await body_of.handler(ctx, request, body)
+        refused in LMI's shape); a model.py's code answers those for the server's own model."""
+        limit = ctx.settings.max_request_size
+        code = ctx.entry_code
+        if code is not None and ctx.targeted() in (None, ctx.settings.model_name):
+            return await read_then(LMI, request, limit,
+                                   lambda raw: code.answer(ctx, request, raw, self), bytes)
+        return await read_then(LMI, request, limit, lambda body: self.answer(
+            ctx, request, body, requested_adapter(request)))
 
-        return await read_then(LMI, request, ctx.settings.max_request_size, answer)
+    async def answer(self, ctx: ServerContext, request: Request, body: Any,
+                     adapter: str | None) -> Answer:
+        """Answer a decoded body as the protocol it speaks; `adapter` (named outside the body)
+        sets the body's own selector."""
+        body_of = self.body(ctx, body, request.headers)
+        if adapter is not None and isinstance(body, dict):
+            body = {**body, body_of.selector: adapter}
+        return await body_of.handler(ctx, request, body)
 
     def doc(self, summary: str) -> Doc:
         return merged(summary, [body.doc for body in self.bodies])

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from handlers.protocols.sagemaker_eventstream import EVENT_STREAM, model_stream_error, payload_part
 from handlers.protocols.schemas.sagemaker import ModelError
 from handlers.server.context import ServerContext
-from handlers.server.framing import JSON_MEDIA_TYPE, Reply, StreamReply
+from handlers.server.framing import Reply, StreamReply
 from handlers.server.http.answers import (
     ClosingStreamingResponse,
     content_type,
@@ -66,7 +66,7 @@ def _router(ctx: ServerContext, entry: Invocations) -> APIRouter:
         events = _event_stream(answer)
         stream = ClosingStreamingResponse(events, media_type=EVENT_STREAM)
         media_type = answer.framing.media_type if isinstance(answer, StreamReply) \
-            else JSON_MEDIA_TYPE
+            else answer.media_type
         stream.headers[STREAM_CONTENT_TYPE] = content_type(media_type)
         return _echo_attributes(request, stream)
 
