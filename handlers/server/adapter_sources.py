@@ -5,7 +5,9 @@ into the model cache as models are (handlers/model_source.py), and only where
 option.allow_runtime_fetch allows it: off, the server downloads nothing after startup. A local
 one must lie, once every symlink is resolved, inside one of the configured roots (the model
 directory, the model cache, the folders of the adapters configured at startup): the API must
-not read arbitrary files. Refusals name the `src` as the client sent it, never a server path.
+not read arbitrary files. One holding a model.py is refused: a model.py's code is imported at
+startup only (handlers/djl/model_code.py), never because a request named it. Refusals name the
+`src` as the client sent it, never a server path.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from handlers.model_source import ModelSourceError, check_remote, fetch, is_remo
 
 log = logging.getLogger(__name__)
 
+MODEL_PY = "model.py"  # DJL's custom code (its formatters), which a request never loads
 ALLOW_FETCH = "option.allow_runtime_fetch"
 
 
@@ -38,7 +41,7 @@ def resolve_source(src: str, roots: tuple[Path, ...], base: Path, what: str = "a
     except OSError:  # a name the file system refuses: no local adapter either
         remote = False
     if remote:
-        return _fetched(src, field, fetch_allowed)
+        return _without_code(_fetched(src, field, fetch_allowed), src, field)
     try:
         path = Path(src).expanduser()
         resolved = (path if path.is_absolute() else base / path).resolve()
@@ -55,7 +58,14 @@ def resolve_source(src: str, roots: tuple[Path, ...], base: Path, what: str = "a
     if not _is_dir(resolved) and not (resolved.suffix in files and resolved.is_file()):
         raise SourceRefused(f"{field}={src!r} is not a directory" + (
             f" (or a {', '.join(files)} file)" if files else ""))
-    return resolved
+    return _without_code(resolved, src, field)
+
+
+def _without_code(path: Path, src: str, field: str) -> Path:
+    if path.is_dir() and (path / MODEL_PY).is_file():
+        raise SourceRefused(f"{field}={src!r} holds a {MODEL_PY}: code runs only as imported at "
+                            "startup, from the model directory or its adapters/ folder")
+    return path
 
 
 def _fetched(src: str, field: str, fetch_allowed: bool) -> Path:

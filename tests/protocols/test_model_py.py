@@ -145,6 +145,41 @@ async def test_an_adapters_model_py_overrides_the_base_models_formatters(tmp_pat
         ("alpha", 3), ("beta", 4), ("gamma", 4), (None, 4)]
 
 
+async def test_an_unregistered_adapters_model_py_no_longer_applies(tmp_path):
+    engine = FakeEngine(adapters=("alpha",))
+    app = app_for(engine, FORMATTERS, tmp_path, adapters={"alpha": ADAPTER_INPUT},
+                  model_dir=tmp_path, adapter_roots=(tmp_path,))
+    plain = tmp_path / "plain-alpha"
+    plain.mkdir()
+    (plain / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4}')
+    headers = {"X-Amzn-SageMaker-Adapter-Identifier": "alpha"}
+    async with client(app) as http:
+        before = await http.post("/invocations", json={"question": "hi"}, headers=headers)
+        await http.delete(f"/models/{MODEL}/adapters/alpha")
+        again = await http.post(f"/models/{MODEL}/adapters",
+                                params={"name": "alpha", "src": str(plain)})
+        after = await http.post("/invocations", json={"question": "hi"}, headers=headers)
+    assert before.json()["answer"] == " alpha says"
+    assert again.status_code == 200
+    assert after.json()["answer"] == " hi hi hi hi"  # the base model's formatters now
+
+
+async def test_an_adapter_holding_a_model_py_is_never_registered_at_runtime(tmp_path):
+    engine = FakeEngine()
+    app = app_for(engine, FORMATTERS, tmp_path, model_dir=tmp_path,
+                  adapter_roots=(tmp_path,))
+    coded = write(tmp_path / "coded", ADAPTER_INPUT,
+                  {"adapter_config.json": '{"peft_type": "LORA", "r": 4}'})
+    async with client(app) as http:
+        refused = await http.post(f"/models/{MODEL}/adapters",
+                                  params={"name": "coded", "src": "coded"})
+    assert refused.status_code == 400
+    assert refused.json()["message"] == (
+        "src='coded' holds a model.py: code runs only as imported at startup, from the model "
+        "directory or its adapters/ folder")
+    assert engine.adapters == () and str(coded) not in refused.text
+
+
 # -- handlers -------------------------------------------------------------------------------
 
 

@@ -121,7 +121,7 @@ async def _describe(ctx: ServerContext, engine: Engine, name: str) -> Answer:
 
 async def _unregister(ctx: ServerContext, engine: Engine, name: str) -> Answer:
     await _engine_call(engine.remove_adapter(name), DjlManagementError)
-    ctx.adapter_records.pop(name, None)
+    _forget(ctx, engine, name)
     return Reply(200, {"status": f"Adapter {name} unregistered"})
 
 
@@ -134,6 +134,15 @@ async def _update(ctx: ServerContext, engine: Engine, name: str, query: dict[str
         record = _record(ctx, name)
         ctx.adapter_records[name] = AdapterRecord(name, record.src, pin)
     return Reply(200, {"status": f"Adapter {name} updated"})
+
+
+def _forget(ctx: ServerContext, engine: Engine, name: str) -> None:
+    """Adapter `name` of `engine` is gone: its record, and its model.py's code with it (DJL
+    unloads an adapter's custom code as it unregisters the adapter)."""
+    ctx.adapter_records.pop(name, None)
+    own = ctx.generator is not None and engine is ctx.generator.engine
+    if own and ctx.entry_code is not None:
+        ctx.entry_code.forget_adapter(name)
 
 
 def _record(ctx: ServerContext, name: str) -> AdapterRecord:
@@ -205,7 +214,7 @@ async def _unload(ctx: ServerContext, engine: Engine, body: Any) -> Answer:
         raise _vllm_error(f"The lora adapter '{wanted.lora_name}' cannot be found.",
                           ErrorKind.NOT_FOUND)
     await _engine_call(engine.remove_adapter(wanted.lora_name), _vllm_error)
-    ctx.adapter_records.pop(wanted.lora_name, None)
+    _forget(ctx, engine, wanted.lora_name)
     return Reply(200, f"Success: LoRA adapter '{wanted.lora_name}' removed successfully.")
 
 
