@@ -112,11 +112,24 @@ async def test_the_output_formatter_gets_a_completion_or_a_chat_completion(tmp_p
     assert chat.json()["choices"][0]["message"]["content"]
 
 
-async def test_an_unformatted_protocol_is_answered_as_it_is(tmp_path):
-    async with client(app_for(FakeEngine(), PASS_THROUGH, tmp_path)) as http:
+MARKS = '''
+from djl_python.output_formatter import output_formatter
+
+
+@output_formatter
+def marked(output):
+    return {"formatted": output.object}
+'''
+
+
+async def test_only_completions_and_chat_completions_reach_the_output_formatter(tmp_path):
+    async with client(app_for(FakeEngine(), MARKS, tmp_path)) as http:
+        chat = await http.post("/invocations", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         messages = await http.post("/invocations", json={
             "messages": [{"role": "user", "content": "hi"}], "system": "be brief",
             "max_tokens": 2})
+    assert chat.json() == {"formatted": "chat.completion"}
     assert messages.json()["type"] == "message"  # Anthropic's, which DJL hands no formatter
 
 
