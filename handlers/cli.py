@@ -42,6 +42,7 @@ from handlers.engine.base import Embedder, Engine, EngineBuild, SupervisedLoop
 from handlers.model_fetch import default_cache_dir
 from handlers.model_source import (
     DEFAULT_EMBEDDING_NAME,
+    ModelSourceError,
     has_sentence_transformers_layout,
     is_default_embedding_id,
     resolve_embedding_source,
@@ -291,6 +292,8 @@ def _load(config: Config) -> Loaded | None:
         return loading.result(timeout=config.model_loading_timeout)
     except ModelCodeError as error:
         log.error("%s; stopping", error, exc_info=error.__cause__)
+    except ModelSourceError as error:  # a fetch or a path that failed: its message says which
+        log.error("%s; stopping", error)
     except TimeoutError:
         log.error("loading the model took longer than option.model_loading_timeout=%d s "
                   "(%s); stopping", config.model_loading_timeout,

