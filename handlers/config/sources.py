@@ -25,7 +25,8 @@ def _add(raw: Raw, key: str, value: str, source: str) -> None:
 
 
 def add_cli(raw: Raw, options: list[str]) -> None:
-    for option in options:
+    """`--option KEY=VALUE` flags; of a key given twice the last wins, as flags do."""
+    for option in reversed(options):
         key, sep, value = option.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--option {option!r} ({CLI}): expected KEY=VALUE")

@@ -60,6 +60,12 @@ def test_repeated_option_flags(tmp_path):
     assert config.sources["tgi_compat"] == "command line"
 
 
+def test_a_key_given_twice_on_the_command_line_takes_the_last_value(tmp_path):
+    argv = ["--option", "option.enforce_eager=true", "--option", "option.max_rolling_batch_size=8",
+            "--option", "option.enforce_eager=false"]
+    assert load(tmp_path, argv=argv).enforce_eager is False
+
+
 def test_a_checkout_run_without_installing_the_package_still_configures_a_server(
         tmp_path, monkeypatch):
     import importlib.metadata
