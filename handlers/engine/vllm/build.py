@@ -19,6 +19,13 @@ from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.vllm.answers import VllmAnswerParsing
 from handlers.engine.vllm.args import engine_kwargs, vllm_fields
 from handlers.engine.vllm.engine import VllmEngine
+from handlers.engine.vllm.placement import (
+    allowed_cpus,
+    bind_cpu_workers,
+    check_cpu_pipeline,
+    check_split,
+    model_shape,
+)
 from handlers.engine.vllm.scheduler_stats import SchedulerReadings
 from handlers.model_source import resolve_model_source
 
@@ -30,7 +37,12 @@ def build(config: Config) -> EngineBuild:
     its own: handlers.engine.stepped)."""
     model_dir = model_directory(config)
     config = with_source_adapters(config, model_dir)
-    kwargs = engine_kwargs(config, str(model_dir), vllm_fields(), torch.cuda.device_count())
+    gpus = torch.cuda.device_count()
+    kwargs = engine_kwargs(config, str(model_dir), vllm_fields(), gpus)
+    check_split(config, kwargs, model_shape(model_dir, config.trust_remote_code))
+    if gpus == 0:
+        check_cpu_pipeline(config, kwargs)
+        bind_cpu_workers(config, kwargs, allowed_cpus())
     # Structured JSON by xgrammar without free whitespace, as the torch engine's grammars
     # (grammars.py, which check the vllm engine's specs too): small models otherwise loop in
     # whitespace until max_tokens.
@@ -47,11 +59,13 @@ def build(config: Config) -> EngineBuild:
     parsing = VllmAnswerParsing(config, hf_tokenizer.hf) \
         if config.reasoning_parser or config.tool_call_parser else None
     readings = SchedulerReadings()
-    llm = AsyncLLMEngine.from_engine_args(args, stat_loggers=[readings.factory])
-    engine = VllmEngine(llm, hf_tokenizer, config.model_name,
+    def launch() -> AsyncLLMEngine:  # the engine core and its workers, started
+        return AsyncLLMEngine.from_engine_args(args, stat_loggers=[readings.factory])
+
+    engine = VllmEngine(launch(), hf_tokenizer, config.model_name,
                         stall_timeout=config.engine_stall_timeout or None,
                         adapters=[(a.name, str(a.path)) for a in config.adapters],
-                        answer_parsing=parsing, readings=readings)
+                        answer_parsing=parsing, readings=readings, relaunch=launch)
     return EngineBuild(engine)
 
 
