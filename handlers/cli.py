@@ -38,7 +38,13 @@ from handlers.djl.custom_entry import CustomEntry
 from handlers.djl.model_code import ModelCodeError, ModelCodes
 from handlers.djl.model_code import find as find_model_code
 from handlers.engine import registry
-from handlers.engine.base import Embedder, Engine, EngineBuild, SupervisedLoop
+from handlers.engine.base import (
+    Embedder,
+    Engine,
+    EngineBuild,
+    RevivableEngine,
+    SupervisedLoop,
+)
 from handlers.model_fetch import default_cache_dir
 from handlers.model_source import (
     DEFAULT_EMBEDDING_NAME,
@@ -55,7 +61,7 @@ from handlers.server.http.connections import bounded_protocol
 from handlers.server.http.request_id import uvicorn_log_config
 from handlers.startup_gc import StartupCollection
 from handlers.stop_signals import on_first_stop_signal
-from handlers.supervision import Supervisor
+from handlers.supervision import Supervisor, watch_revivable
 
 log = logging.getLogger("lmi_serve")
 SAGEMAKER_MODELS = Path("/opt/ml/models")  # where SageMaker's multi-model endpoints put models
@@ -251,6 +257,9 @@ def _run(config: Config, ctx: ServerContext, loaded: Loaded, http: threading.Thr
                             drain_limit=config.timeout_graceful_shutdown + CUT_GRACE).run()
     elif built is not None and built.main_loop is not None:
         built.main_loop.run_forever()
+    elif built is not None and isinstance(built.engine, RevivableEngine) and ctx.loop:
+        status = watch_revivable(built.engine, ctx.loop, config.engine_restart, stop_server,
+                                 done, ctx.telemetry.engine_restarted)
     done.wait()
     http.join()
     return 1 if ctx.embedder is not None and ctx.embedder.load_error else status
@@ -292,7 +301,7 @@ def _load(config: Config) -> Loaded | None:
         return loading.result(timeout=config.model_loading_timeout)
     except ModelCodeError as error:
         log.error("%s; stopping", error, exc_info=error.__cause__)
-    except ModelSourceError as error:  # a fetch or a path that failed: its message says which
+    except (ModelSourceError, ConfigError) as error:  # its message names what and why
         log.error("%s; stopping", error)
     except TimeoutError:
         log.error("loading the model took longer than option.model_loading_timeout=%d s "

@@ -10,12 +10,13 @@ Requests failing in a row (`option.max_consecutive_failures`) make the loop fail
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 from collections.abc import Callable
 
-from handlers.engine.base import SupervisedLoop
+from handlers.engine.base import RevivableEngine, SupervisedLoop
 from handlers.server.failures import FailureStreak
 
 log = logging.getLogger("lmi_serve")
@@ -75,3 +76,31 @@ class Supervisor:
                 self.http.join(self.drain_limit + DRAIN_MARGIN)
                 logging.shutdown()
                 os._exit(1)
+
+
+def watch_revivable(engine: RevivableEngine, loop: asyncio.AbstractEventLoop, restart: bool,
+                    stop_server: Callable[[], None], done: threading.Event,
+                    on_restart: Callable[[], None] = lambda: None) -> int:
+    """Until `done`: an engine that died is started again on `loop`, counted
+    (`option.engine_restart=true`), or the server stops and the process exits 1. Its requests
+    in flight already ended with the engine's error."""
+    restarts = 0
+    while not done.wait(STALL_CHECK_INTERVAL):
+        if not engine.dead():
+            continue
+        if not restart:
+            log.error("the engine died; exiting with status 1 (option.engine_restart=false)")
+            stop_server()
+            return 1
+        log.warning("the engine died: starting it again, every process of it")
+        try:
+            asyncio.run_coroutine_threadsafe(engine.revive(), loop).result()
+        except Exception:
+            log.exception("starting the engine again failed; exiting with status 1")
+            stop_server()
+            return 1
+        restarts += 1
+        on_restart()
+        log.warning("the engine was restarted after a failure (%d restart%s so far)", restarts,
+                    "" if restarts == 1 else "s")
+    return 0

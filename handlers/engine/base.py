@@ -209,6 +209,18 @@ class SupervisedLoop(MainThreadLoop, Protocol):
 
 
 @runtime_checkable
+class RevivableEngine(Protocol):
+    """An engine whose loop runs in processes of its own (vLLM's engine core and workers): the
+    server cannot restart a loop of it, only see it die and start it all again."""
+
+    def dead(self) -> bool:
+        """Whether the started engine died (its processes are gone or failed)."""
+
+    async def revive(self) -> None:
+        """Start the engine again, every process of it, with what it served loaded."""
+
+
+@runtime_checkable
 class Embedder(Protocol):
     """An embedding model's engine."""
 

