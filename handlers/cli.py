@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         sys.exit(f"lmi-serve: configuration error: {exc}")
     log_config(config, log)
-    sys.exit(serve(config))
+    follow = None if config.embeddings_only else registry.follower(config)
+    sys.exit(follow(config) if follow else serve(config))
 
 
 def _version() -> str:

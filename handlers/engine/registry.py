@@ -150,6 +150,15 @@ def loader(config: Config) -> Callable[[], EngineBuild]:
     return load
 
 
+def follower(config: Config) -> Callable[[Config], int] | None:
+    """For a follower node of a multi-node vLLM engine (`option.node_rank` > 0), what runs its
+    workers in place of a server; None for every other configuration."""
+    rank = config.engine_args.get("node_rank")
+    if chosen(config).name != "vllm" or rank is None or rank[0].strip() in ("", "0"):
+        return None
+    return importlib.import_module("handlers.engine.vllm.headless").run_follower
+
+
 def build(config: Config) -> EngineBuild:
     """The chosen engine with the model loaded."""
     return loader(config)()

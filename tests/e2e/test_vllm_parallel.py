@@ -3,7 +3,9 @@ with two tensor-parallel, then two pipeline-parallel worker processes (the threa
 to a CPU of its own by the server), and answers LMI, OpenAI chat and completions streams, KServe
 gRPC and SageMaker's stream as the one-worker engine does. A worker killed mid-stream ends the
 stream with the protocol's error; the engine is started again, every process of it, and counted
-(option.engine_restart=true), or the process exits 1; SIGTERM leaves no worker behind."""
+(option.engine_restart=true), or the process exits 1; SIGTERM leaves no worker behind. Two
+"nodes" on one machine, each a process with CPUs of its own, run the pipeline's two stages: the
+leader serves, the follower (option.node_rank=1) runs its workers, and ends once the leader has."""
 
 from __future__ import annotations
 
@@ -74,11 +76,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def serve(model: Path, tmp_path: Path):
-    def start(*options: str):
+    def start(*options: str, env: dict[str, str] | None = None):
         grpc_port = free_port()
         return _served(server_process(*ENGINE, f"option.model_id={model}", *options,
                                       log_path=tmp_path / "server.log", grpc_port=grpc_port,
-                                      timeout=600), grpc_port, tmp_path / "server.log")
+                                      timeout=600, env=env), grpc_port, tmp_path / "server.log")
     return start
 
 
@@ -228,3 +230,33 @@ def _wait_for_restart(served: Served) -> float:
     metrics = httpx.get(f"{served.url}/metrics", timeout=10).text
     return next(float(line.split()[-1]) for line in metrics.splitlines()
                 if line.startswith("lmi_engine_restarts_total"))
+
+
+def test_two_nodes_run_the_pipeline_and_the_follower_ends_with_the_leader(serve, alone, model,
+                                                                         tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    half = len(cpus) // 2
+    nodes = ("option.pipeline_parallel_degree=2", "option.enforce_eager=false",
+             "option.nnodes=2", "option.master_addr=127.0.0.1", f"option.master_port={free_port()}")
+    follower_log = (tmp_path / "follower.log").open("wb")
+    follower = subprocess.Popen(
+        [*server_cmd(), *opts(*ENGINE, f"option.model_id={model}", *nodes, "option.node_rank=1")],
+        stdout=follower_log, stderr=subprocess.STDOUT,
+        env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus[half:]))})
+    try:
+        leader_env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus[:half]))}
+        with serve(*nodes, "option.node_rank=0", env=leader_env) as served:
+            following = [psutil.Process(follower.pid), *psutil.Process(follower.pid).children(
+                recursive=True)]
+            assert len(served.workers()) == 1 and len(following) > 1  # a stage on each node
+            got = answers(served)
+            stopped_cleanly(served)
+        assert follower.wait(timeout=120) == 1  # the leader went away
+        _gone, alive = psutil.wait_procs(following[1:], timeout=30)
+        assert alive == [], f"left behind: {[_cmdline(p) for p in alive]}"
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+        follower_log.close()
+    assert got == alone
+    assert "the leader at 127.0.0.1:" in (tmp_path / "follower.log").read_text()

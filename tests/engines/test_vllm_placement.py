@@ -106,3 +106,33 @@ def test_cpu_pipeline_stages_in_eager_mode_are_refused_naming_both_settings(tmp_
         check_cpu_pipeline(eager, split(1, 2) | {"enforce_eager": True})
     check_cpu_pipeline(eager, split(2, 1) | {"enforce_eager": True})  # tensors split eagerly
     check_cpu_pipeline(eager, split(1, 2) | {"enforce_eager": False})
+
+
+def test_across_nodes_this_node_binds_its_own_share_and_ray_binds_its_own(tmp_path):
+    given = config(tmp_path, "option.pipeline_parallel_degree=2", "option.tensor_parallel_degree=2")
+    leader: dict[str, str] = {}
+    bind_cpu_workers(given, split(2, 2) | {"nnodes": 2}, [0, 1, 2, 3], leader)
+    assert leader == {THREADS_BIND: "0-1|2-3"}  # two of the four ranks run here
+    on_ray: dict[str, str] = {}
+    bind_cpu_workers(given, split(2, 2) | {"distributed_executor_backend": "ray"}, [0, 1], on_ray)
+    assert on_ray == {}
+
+
+def test_only_a_vllm_node_of_rank_one_or_more_is_a_follower(tmp_path, monkeypatch):
+    import importlib.util
+
+    from handlers.engine import registry
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
+    assert registry.follower(config(tmp_path, "option.nnodes=2", "option.node_rank=0")) is None
+    assert registry.follower(config(tmp_path)) is None
+    argv = ["--model-dir", str(tmp_path), "--option", "option.rolling_batch=torch"]
+    assert registry.follower(load_config(parse_args(argv), env={})) is None
+    try:
+        follow = registry.follower(config(tmp_path, "option.nnodes=2", "option.node_rank=1"))
+    except ModuleNotFoundError as missing:  # its module imports vLLM, not installed here
+        assert missing.name.split(".")[0] == "vllm"
+    else:
+        assert follow.__name__ == "run_follower"

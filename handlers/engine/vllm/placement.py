@@ -92,9 +92,12 @@ def bind_cpu_workers(config: Config, kwargs: dict, cpus: Sequence[int],
     more workers than CPUs is refused naming the settings."""
     tp = int(kwargs.get("tensor_parallel_size", 1))
     pp = int(kwargs.get("pipeline_parallel_size", 1))
-    workers = tp * pp * int(kwargs.get("data_parallel_size", 1))
+    # Across option.nnodes machines (vLLM's multi-node), this one runs its share of the ranks.
+    workers = tp * pp * int(kwargs.get("data_parallel_size", 1)) // int(kwargs.get("nnodes", 1))
     if workers == 1:
         return
+    if kwargs.get("distributed_executor_backend") == "ray":
+        return  # each Ray node binds its own workers' threads: these CPUs are this node's only
     if environ.get(THREADS_BIND):
         log.info("vLLM's CPU workers: %s=%s, as given", THREADS_BIND, environ[THREADS_BIND])
         return
