@@ -10,6 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class FinishReason(str, Enum):
@@ -118,6 +119,19 @@ class SamplingParams:
         return max(self.n, self.best_of or 1)
 
 
+@dataclass(frozen=True)
+class MediaItem:
+    """An image, audio clip or video of a prompt, read and decoded (engine/media/): `data` is a
+    PIL image (RGB), an (audio float32 mono samples, sampling rate) pair or a video's frames
+    (uint8 [frames, height, width, 3]); `digest` is the sha256 of the bytes it came from (what
+    the prefix cache keys it by); `where` the request field it came from."""
+
+    kind: str  # image | audio | video
+    data: Any
+    digest: str
+    where: str
+
+
 @dataclass
 class GenerationRequest:
     """One prompt to complete. `prompt_token_ids` is filled by `Engine.validate`."""
@@ -136,6 +150,11 @@ class GenerationRequest:
     # A stateful session (SageMaker's): an engine that caches prefixes pins the finished
     # conversation's keys/values under it until Engine.release_session.
     session: str | None = None
+    # The prompt's media, in the order of their placeholders in `prompt` (a multimodal model's
+    # chat template writes one per part).
+    media: tuple[MediaItem, ...] = ()
+    # What the engine made of them at validation (its processor's tensors); engine-private.
+    media_inputs: Any = None
 
 
 @dataclass
