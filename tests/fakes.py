@@ -65,6 +65,7 @@ class FakeTokenizer:
 
     vocab_size = 100_000
     eos_token_ids = frozenset({EOS_ID})
+    media = None  # text only
     token_bound = None  # a word is a token, however long: no bound by bytes
 
     def __init__(self, template: str = "") -> None:

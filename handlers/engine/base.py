@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from handlers.engine.media import MediaReader
 from handlers.engine.prompt_tokens import TokenBound
 from handlers.engine.types import (
     AdapterActivity,
@@ -30,6 +31,8 @@ class Tokenizer(Protocol):
     # The fewest tokens a text can be, by its bytes, where that is proven
     # (engine/prompt_tokens.py): a prompt too long by it is refused unread. None: no bound.
     token_bound: TokenBound | None
+    # What reads a multimodal model's media parts (engine/media/); None: the model reads text.
+    media: MediaReader | None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The text's token ids; special tokens (a BOS...) only when asked for, as the engines

@@ -7,13 +7,15 @@ from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import Any
 
+from handlers.engine.media import MediaReader
 from handlers.engine.prompt_tokens import TokenBound, token_bound
 
 
 class HFTokenizer:
     def __init__(self, tokenizer: Any, eos_token_ids: Iterable[int],
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, media: MediaReader | None = None) -> None:
         self.hf = tokenizer
+        self.media = media
         self.vocab_size = len(tokenizer)
         self.eos_token_ids = frozenset(eos_token_ids)
         self._chat_template = chat_template

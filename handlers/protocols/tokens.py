@@ -93,7 +93,7 @@ def _chat_prompt(request: TokenizeChatRequest, tokenizer: Tokenizer) -> str:
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         chat_template_kwargs=request.chat_template_kwargs)
-    return render_chat_prompt(tokenizer, chat)
+    return render_chat_prompt(tokenizer, chat).text
 
 
 def detokenize(body: Any, tokenizer: Tokenizer, model: str) -> dict[str, str]:

@@ -26,6 +26,7 @@ from handlers.protocols.anthropic.render import MessageContext
 from handlers.protocols.anthropic.requests import (
     AnthropicTool,
     CountTokensRequest,
+    MediaBlockParam,
     MessageParam,
     MessagesRequest,
     TextBlockParam,
@@ -69,7 +70,8 @@ def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
     # The stop sequence stays in the engine's text so the answer can say which one matched;
     # the rendering cuts it off, as Anthropic never returns it.
     params.include_stop_str_in_output = True
-    gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
+    gen = GenerationRequest(prompt=prompt.text, params=params, adapter=adapter,
+                            media=prompt.media)
     budget = request.thinking.budget_tokens \
         if isinstance(request.thinking, ThinkingEnabled) else None
     with in_anthropic_terms():
@@ -87,7 +89,7 @@ def count_tokens(body: Any, tokenizer: Tokenizer, model: str, max_model_len: int
     before it is tokenized where its bytes prove it (engine/prompt_tokens.py)."""
     request, _ = _parse(CountTokensRequest, body, model, adapters)  # adapters share it
     with in_anthropic_terms():
-        prompt = render_chat_prompt(tokenizer, chat_request(request))
+        prompt = render_chat_prompt(tokenizer, chat_request(request)).text
     if (fewest := fewest_tokens(prompt, tokenizer.token_bound)) >= max_model_len:
         raise _too_long(f"at least {fewest}", max_model_len)
     if (count := len(tokenizer.encode(prompt))) >= max_model_len:
@@ -198,6 +200,8 @@ def _converted(message: MessageParam, where: str) -> list[dict[str, Any]]:
             continue  # earlier thinking: not part of a later turn's prompt
         if isinstance(block, TextBlockParam):
             texts.append(block.model_dump())
+        elif isinstance(block, MediaBlockParam):  # an image: chat's image_url part
+            texts.append(_image_part(block, f"{where}.content.{j}"))
         elif isinstance(block, ToolUseBlockParam):
             arguments = json.dumps(block.input, ensure_ascii=False)
             calls.append({"id": block.id, "type": "function",
@@ -213,11 +217,31 @@ def _converted(message: MessageParam, where: str) -> list[dict[str, Any]]:
     return out + [{"role": "user", "content": texts}] if texts or not out else out
 
 
+def _image_part(block: MediaBlockParam, where: str) -> dict[str, Any]:
+    """An image block as chat's `image_url` part: a base64 source as a data: URL."""
+    source = block.source or {}
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        media_type = source.get("media_type")
+        if media_type not in IMAGE_TYPES:
+            raise AnthropicError(f"{where}.source.media_type: one of {', '.join(IMAGE_TYPES)}")
+        url = f"data:{media_type};base64,{source['data']}"
+    elif source.get("type") == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise AnthropicError(f"{where}.source: a base64 source (media_type, data) or a url "
+                             "source (url)")
+    return {"type": "image_url", "image_url": {"url": url}, "_where": where, "_type": "image"}
+
+
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
 def _check_block(block: Any, role: str, where: str) -> None:
     kind = block.type
-    if kind in ("image", "document"):
-        raise AnthropicError(f"{where}.type: this model is text-only; {kind} content is not "
-                             "supported")
+    if kind == "document":
+        raise AnthropicError(f"{where}.type: document content is not supported")
+    if kind == "image" and role != "user":
+        raise AnthropicError(f"{where}.type: image blocks belong in user messages")
     owner = {"tool_use": "assistant", "tool_result": "user"}.get(kind, role)
     if owner != role:
         raise AnthropicError(f"{where}.type: {kind} blocks belong in {owner} messages")
