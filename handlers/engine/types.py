@@ -153,8 +153,18 @@ class GenerationRequest:
     # The prompt's media, in the order of their placeholders in `prompt` (a multimodal model's
     # chat template writes one per part).
     media: tuple[MediaItem, ...] = ()
-    # What the engine made of them at validation (its processor's tensors); engine-private.
-    media_inputs: Any = None
+    media_inputs: MediaInputs | None = None  # what the engine made of them at validation
+
+
+@dataclass(frozen=True)
+class MediaInputs:
+    """What an engine's processor made of a prompt's media at validation: the model's inputs
+    (pixel values and the like; engine-specific), and the prompt's ids with every media token
+    replaced by a key of the request's media content (negative: no real token), which is what
+    a prefix cache matches, so that a kept prefix serves only the same media."""
+
+    tensors: dict[str, Any]
+    cache_ids: tuple[int, ...]
 
 
 @dataclass

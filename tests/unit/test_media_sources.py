@@ -158,3 +158,23 @@ def test_setting_values():
                                                                   "cdn.example.com")
     with pytest.raises(ValueError):
         values.domain_list("http://example.com/")
+
+
+def test_media_settings_reach_the_limits_or_are_refused_for_a_text_model(tmp_path):
+    from types import SimpleNamespace
+
+    from handlers.cli import parse_args
+    from handlers.config import ConfigError, load_config
+    from handlers.engine.torch.build import _media_limits
+
+    folder = tmp_path / "media"
+    folder.mkdir()
+    config = load_config(parse_args([
+        "--model-dir", str(tmp_path), "--option", "option.limit_mm_per_prompt=image=2,video=1",
+        "--option", "option.allowed_media_domains=cdn.example.com",
+        "--option", f"option.allowed_local_media_path={folder}"]), {})
+    limits = _media_limits(config, SimpleNamespace(processor=object(), name="vlm"))
+    assert limits == MediaLimits({"image": 2, "video": 1}, ("cdn.example.com",),
+                                 folder.resolve())
+    with pytest.raises(ConfigError, match="option.limit_mm_per_prompt, .*reads text only"):
+        _media_limits(config, SimpleNamespace(processor=None, name="text-model"))
