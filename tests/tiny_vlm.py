@@ -29,9 +29,10 @@ def _tokenizer(extra: list[str]) -> Any:
     return tokenizer
 
 
-def _text(tokenizer: Any) -> LlamaConfig:
+def _text(tokenizer: Any, head_dim: int = 16) -> LlamaConfig:
     return LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=head_dim,
                        max_position_embeddings=1024, eos_token_id=tokenizer.eos_token_id,
                        tie_word_embeddings=False, initializer_range=0.2)
 
@@ -42,11 +43,11 @@ def _clip(image_size: int) -> CLIPVisionConfig:
                             projection_dim=32, initializer_range=0.2, initializer_factor=5.0)
 
 
-def _llava(tokenizer: Any) -> tuple[Any, Any]:
+def _llava(tokenizer: Any, head_dim: int = 16) -> tuple[Any, Any]:
     from transformers import LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
     from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
 
-    config = LlavaConfig(vision_config=_clip(28), text_config=_text(tokenizer),
+    config = LlavaConfig(vision_config=_clip(28), text_config=_text(tokenizer, head_dim),
                          image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
                          vision_feature_layer=-2, vision_feature_select_strategy="default")
     images = LlavaImageProcessorPil(size={"shortest_edge": 28},
@@ -110,12 +111,13 @@ BUILDERS = {"llava": (_llava, ["<image>"]), "llava_next": (_llava_next, ["<image
                                      "<end_of_utterance>"])}
 
 
-def make_tiny_vlm_dir(family: str, path: Path, seed: int = 11) -> Path:
+def make_tiny_vlm_dir(family: str, path: Path, seed: int = 11, **shape: Any) -> Path:
+    """`shape`: head_dim=64 for vLLM's CPU attention (LLaVA)."""
     build, tokens = BUILDERS[family]
     tokenizer = _tokenizer(tokens)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model, processor = build(tokenizer)
+        model, processor = build(tokenizer, **shape)
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path

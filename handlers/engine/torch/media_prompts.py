@@ -13,18 +13,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from handlers.engine.media.limits import processor_kinds
 from handlers.engine.types import GenerationRequest, MediaInputs, MediaItem, RequestValidationError
-
-# processor attribute -> the media kind it reads
-_READERS = {"image_processor": "image", "video_processor": "video", "feature_extractor": "audio"}
-_TOKENS = ("image_token", "video_token", "audio_token", "boi_token", "eoi_token")
 
 
 class MediaPrompts:
     def __init__(self, processor: Any) -> None:
         self.processor = processor
-        self.kinds = frozenset(kind for name, kind in _READERS.items()
-                               if getattr(processor, name, None) is not None)
+        self.kinds = processor_kinds(processor)
         tokenizer = processor.tokenizer
         self.media_ids = frozenset(
             tokenizer.convert_tokens_to_ids(token) for name in ("image_token", "video_token",
