@@ -19,6 +19,7 @@ from handlers.engine.types import (
     AnswerPiece,
     EmbeddingResult,
     GenerationRequest,
+    MediaItem,
     RequestOutput,
 )
 
@@ -37,6 +38,10 @@ class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The text's token ids; special tokens (a BOS...) only when asked for, as the engines
         tokenize prompts without them."""
+
+    def encode_media_prompt(self, text: str, media: tuple[MediaItem, ...]) -> list[int]:
+        """A chat prompt's ids with its media's tokens, as the engine counts them (the model's
+        processor expands each placeholder); only where `media` is set."""
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 

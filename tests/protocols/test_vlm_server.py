@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 
 import anthropic
+import httpx
 import openai
 import pytest
 from media_files import b64, bomb_png, media_server, png, truncated_png
@@ -127,3 +128,19 @@ def test_bad_images_refused_while_a_stream_runs(url, folder, files):
     chunks = [first, *stream]
     assert chunks[-1].choices[0].finish_reason == "length"
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 60
+
+
+def test_tokenize_and_count_tokens_count_the_media(url, model):
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": QUESTION},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(png(seed=5))}"}}]}]
+    _, prompt_tokens = expected(model, 5)
+    counted = httpx.post(f"{url}/tokenize", timeout=60,
+                         json={"model": "llava", "messages": messages}).json()
+    assert counted["count"] == prompt_tokens == len(counted["tokens"])
+    client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=120)
+    tokens = client.messages.count_tokens(model="llava", messages=[{"role": "user", "content": [
+        {"type": "text", "text": QUESTION},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": b64(png(seed=5))}}]}])
+    assert tokens.input_tokens == prompt_tokens

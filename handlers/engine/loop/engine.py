@@ -25,6 +25,7 @@ from handlers.engine.types import (
     AdapterError,
     EngineFailure,
     GenerationRequest,
+    MediaItem,
     RequestOutput,
     RequestValidationError,
 )
@@ -69,6 +70,9 @@ class PromptMedia(Protocol):
         """Fill the request's prompt_token_ids (media expanded) and media_inputs;
         RequestValidationError when it cannot."""
 
+    def token_ids(self, prompt: str, media: tuple[MediaItem, ...]) -> list[int]:
+        """The prompt's ids, media expanded (what /tokenize counts)."""
+
 
 class LoopEngine:
     """Continuous batching over `new_runner()`'s forward passes (each makes a fresh runner and KV
@@ -87,7 +91,7 @@ class LoopEngine:
         reader = None if media is None else MediaReader(media.kinds,
                                                         media_limits or MediaLimits())
         self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template,
-                                     reader)
+                                     reader, None if media is None else media.token_ids)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.device = loaded.device.type
         self.quantization = loaded.quantization

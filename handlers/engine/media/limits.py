@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from handlers.config import Config
 
@@ -57,17 +56,6 @@ class MediaLimits:
             if count > allowed:
                 raise MediaError(where, f"{count} {kind} parts; at most {allowed} per prompt "
                                  f"(option.limit_mm_per_prompt)")
-
-
-# A Hugging Face processor's attribute -> the media kind it reads.
-_PROCESSOR_PARTS = {"image_processor": "image", "video_processor": "video",
-                    "feature_extractor": "audio"}
-
-
-def processor_kinds(processor: Any) -> frozenset[str]:
-    """The media a model's processor (transformers' AutoProcessor) reads."""
-    return frozenset(kind for name, kind in _PROCESSOR_PARTS.items()
-                     if getattr(processor, name, None) is not None)
 
 
 def media_settings_given(config: Config) -> list[str]:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from handlers.engine.media.limits import processor_kinds
+from handlers.engine.media.processor import (
+    processor_inputs,
+    processor_kinds,
+    prompt_token_ids,
+)
 from handlers.engine.types import GenerationRequest, MediaInputs, MediaItem, RequestValidationError
 
 
@@ -26,8 +29,6 @@ class MediaPrompts:
             tokenizer.convert_tokens_to_ids(token) for name in ("image_token", "video_token",
                                                                 "audio_token")
             if isinstance(token := getattr(processor, name, None), str))
-        self._sampling_rate = getattr(getattr(processor, "feature_extractor", None),
-                                      "sampling_rate", None)
 
     def prepare(self, request: GenerationRequest, max_model_len: int) -> None:
         """Fill `prompt_token_ids` (media tokens expanded) and `media_inputs`."""
@@ -49,33 +50,15 @@ class MediaPrompts:
     def inputs(self, prompt: str, media: tuple[MediaItem, ...]) -> dict[str, Any]:
         """The processor's output for one prompt and its media, as transformers' generate takes
         it (the tests' reference calls this too)."""
-        kwargs: dict[str, Any] = {}
-        images = [m.data for m in media if m.kind == "image"]
-        videos = [m.data for m in media if m.kind == "video"]
-        audio = [_resampled(*m.data, self._sampling_rate) for m in media if m.kind == "audio"]
-        if images:
-            kwargs["images"] = [images]
-        if videos:
-            kwargs["videos"] = [videos]
-        if audio:
-            kwargs["audio"] = audio
-            kwargs["sampling_rate"] = self._sampling_rate
-        return dict(self.processor(text=[prompt], return_tensors="pt",
-                                   add_special_tokens=False, **kwargs))
+        return processor_inputs(self.processor, prompt, media)
+
+    def token_ids(self, prompt: str, media: tuple[MediaItem, ...]) -> list[int]:
+        return prompt_token_ids(self.processor, prompt, media)
 
     def _cache_ids(self, ids: list[int], media: tuple[MediaItem, ...]) -> tuple[int, ...]:
         digest = hashlib.sha256("".join(m.digest for m in media).encode()).digest()
         key = -1 - int.from_bytes(digest[:7], "big")
         return tuple(key if i in self.media_ids else i for i in ids)
-
-
-def _resampled(samples: np.ndarray, rate: int, target: int | None) -> np.ndarray:
-    """Audio at the feature extractor's sampling rate (linear interpolation)."""
-    if target is None or rate == target:
-        return samples
-    count = max(1, round(len(samples) * target / rate))
-    return np.interp(np.linspace(0, len(samples) - 1, count), np.arange(len(samples)),
-                     samples).astype(np.float32)
 
 
 def _on(value: Any, model: nn.Module) -> Any:

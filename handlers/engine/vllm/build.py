@@ -5,6 +5,8 @@ the torch engine's conversion cache), with LMI's options mapped onto its engine 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,7 +19,8 @@ from handlers.engine.base import EngineBuild
 from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.media import MediaLimits, MediaReader
-from handlers.engine.media.limits import media_settings_given, processor_kinds
+from handlers.engine.media.limits import media_settings_given
+from handlers.engine.media.processor import processor_kinds, prompt_token_ids
 from handlers.engine.vllm.answers import VllmAnswerParsing
 from handlers.engine.vllm.args import engine_kwargs, vllm_fields
 from handlers.engine.vllm.engine import VllmEngine
@@ -68,13 +71,16 @@ def model_directory(config: Config) -> Path:
     return cached_gguf_dir(source) if source.suffix.lower() == ".gguf" else source
 
 
-def media_reader(config: Config, model_dir: Path) -> MediaReader | None:
+def media_reader(config: Config, model_dir: Path
+                 ) -> tuple[MediaReader, Callable[..., list[int]]] | None:
     """What reads a multimodal model's media (the kinds its processor takes), within the media
-    settings' limits; None for a model that reads text only, which refuses those settings."""
+    settings' limits, and how its processor counts a prompt's tokens; None for a model that
+    reads text only, which refuses those settings."""
     from transformers import AutoConfig, AutoProcessor
 
     hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
     kinds: frozenset[str] = frozenset()
+    processor = None
     if getattr(hf_config, "vision_config", None) is not None \
             or getattr(hf_config, "audio_config", None) is not None:
         processor = AutoProcessor.from_pretrained(model_dir,
@@ -85,13 +91,14 @@ def media_reader(config: Config, model_dir: Path) -> MediaReader | None:
             raise ConfigError(f"{', '.join(given)}: {config.model_name} reads text only; "
                               "media settings apply to multimodal models")
         return None
-    return MediaReader(kinds, MediaLimits.of(config))
+    return MediaReader(kinds, MediaLimits.of(config)), partial(prompt_token_ids, processor)
 
 
-def tokenizer(config: Config, model_dir: Path, media: MediaReader | None = None
+def tokenizer(config: Config, model_dir: Path,
+              media: tuple[MediaReader, Callable[..., list[int]]] | None = None
               ) -> HFTokenizer:
     """The model's tokenizer (the files vLLM reads), with its end-of-sequence ids; `media`:
-    what reads a multimodal model's media."""
+    what reads a multimodal model's media and counts its prompts (`media_reader`)."""
     hf = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
     eos = {hf.eos_token_id} if hf.eos_token_id is not None else set()
     try:
@@ -103,7 +110,8 @@ def tokenizer(config: Config, model_dir: Path, media: MediaReader | None = None
         from transformers import AutoProcessor  # a VLM's template may be its processor's
 
         hf.chat_template = AutoProcessor.from_pretrained(model_dir).chat_template
-    return HFTokenizer(hf, eos, chat_template_text(config), media)
+    reader, counted = media if media is not None else (None, None)
+    return HFTokenizer(hf, eos, chat_template_text(config), reader, counted)
 
 
 def _check_device(config: Config) -> None:

@@ -42,7 +42,7 @@ from handlers.protocols.anthropic.requests import (
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.chat.answer import PLAIN, ChatFormat, ChatOptions, think_first
 from handlers.protocols.chat.params import chat_sampling_params
-from handlers.protocols.chat.prompt import render_chat_prompt
+from handlers.protocols.chat.prompt import media_prompt_ids, render_chat_prompt
 from handlers.protocols.chat.requests import MAX_STOP_CHARS, ChatCompletionRequest
 from handlers.protocols.chat.structured import structured_output
 
@@ -89,12 +89,19 @@ def count_tokens(body: Any, tokenizer: Tokenizer, model: str, max_model_len: int
     before it is tokenized where its bytes prove it (engine/prompt_tokens.py)."""
     request, _ = _parse(CountTokensRequest, body, model, adapters)  # adapters share it
     with in_anthropic_terms():
-        prompt = render_chat_prompt(tokenizer, chat_request(request)).text
-    if (fewest := fewest_tokens(prompt, tokenizer.token_bound)) >= max_model_len:
-        raise _too_long(f"at least {fewest}", max_model_len)
-    if (count := len(tokenizer.encode(prompt))) >= max_model_len:
+        prompt = render_chat_prompt(tokenizer, chat_request(request))
+        # With media, the model's processor counts them.
+        count = len(media_prompt_ids(tokenizer, prompt)) if prompt.media \
+            else _text_tokens(prompt.text, tokenizer, max_model_len)
+    if count >= max_model_len:
         raise _too_long(str(count), max_model_len)
     return {"input_tokens": count}
+
+
+def _text_tokens(text: str, tokenizer: Tokenizer, max_model_len: int) -> int:
+    if (fewest := fewest_tokens(text, tokenizer.token_bound)) >= max_model_len:
+        raise _too_long(f"at least {fewest}", max_model_len)
+    return len(tokenizer.encode(text))
 
 
 def _too_long(tokens: str, max_model_len: int) -> AnthropicError:

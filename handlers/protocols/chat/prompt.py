@@ -33,6 +33,15 @@ class ChatPrompt:
     media: tuple[MediaItem, ...] = ()  # in the order of their placeholders in `text`
 
 
+def media_prompt_ids(tokenizer: Tokenizer, prompt: ChatPrompt) -> list[int]:
+    """A prompt with media as the model's processor tokenizes it, its media's tokens counted."""
+    try:
+        return tokenizer.encode_media_prompt(prompt.text, prompt.media)
+    except (ValueError, TypeError) as exc:
+        raise OpenAIError(f"messages: the model's processor refused the media: {exc}",
+                          "messages", code="invalid_value") from None
+
+
 def render_chat_prompt(tokenizer: Tokenizer, request: ChatCompletionRequest) -> ChatPrompt:
     """The prompt of a conversation; media parts read (fetched, decoded: this runs in a worker
     thread) where the model takes them."""
