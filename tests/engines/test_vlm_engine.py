@@ -116,3 +116,16 @@ async def test_media_the_model_cannot_take(engine):
     with pytest.raises(RequestValidationError, match="cannot be truncated"):
         engine.validate(request)
     assert engine.tokenizer.media.kinds == frozenset({"image"})
+
+
+def test_a_family_with_its_own_positions_is_refused(tmp_path):
+    """A family the runner's passes were not checked on (LLaVA-OneVision here; Qwen2-VL places
+    its media by multimodal rotary positions the runner does not compute) is refused at load,
+    naming the families served, rather than answered wrong."""
+    import json
+
+    folder = make_tiny_vlm_dir("llava", tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llava_onevision"}))
+    with pytest.raises(ValueError, match="llava, llava_next, idefics3, not llava_onevision"):
+        load_model(folder, dtype="fp32", device="cpu")

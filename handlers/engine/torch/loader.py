@@ -170,6 +170,11 @@ def _load_weights(
     config = AutoConfig.from_pretrained(source, **kwargs)
     torch_dtype = resolve_dtype(dtype, target, _checkpoint_dtype(config))
     if is_multimodal(config):
+        if config.model_type not in VISION_FAMILIES:
+            raise ValueError(
+                f"{source}: the torch engine serves the vision-language families "
+                f"{', '.join(VISION_FAMILIES)}, not {config.model_type} (others place their "
+                "media tokens by positions or attention of their own); the vllm engine serves it")
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         model = AutoModelForImageTextToText.from_pretrained(source, config=config,
@@ -179,6 +184,12 @@ def _load_weights(
     model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch_dtype, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     return model, tokenizer, origin
+
+
+# The vision-language families whose media are input embeddings in place of their placeholder
+# tokens, under the language model's own positions and causal attention: what the runner's
+# passes compute (tested on each).
+VISION_FAMILIES = ("llava", "llava_next", "idefics3")
 
 
 def is_multimodal(config: Any) -> bool:
