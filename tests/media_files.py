@@ -94,10 +94,12 @@ def b64(data: bytes) -> str:
 
 @contextlib.contextmanager
 def media_server(files: dict[str, bytes], redirects: dict[str, str] | None = None,
-                 stall: set[str] | None = None) -> Iterator[str]:
+                 stall: set[str] | None = None, stalled: threading.Semaphore | None = None,
+                 release: threading.Event | None = None) -> Iterator[str]:
     """Serve `files` by path on a free loopback port; `redirects`: path -> Location; a path in
-    `stall` sends its headers and then nothing until the server closes. Yields the base URL."""
-    release = threading.Event()
+    `stall` sends its headers and then nothing until `release` is set or the server closes
+    (`stalled` is released once per such request). Yields the base URL."""
+    release = release or threading.Event()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
@@ -111,6 +113,8 @@ def media_server(files: dict[str, bytes], redirects: dict[str, str] | None = Non
                 self.send_header("Content-Length", "1000")
                 self.end_headers()
                 self.wfile.flush()
+                if stalled is not None:
+                    stalled.release()
                 release.wait(30)
                 return
             body = files.get(self.path)

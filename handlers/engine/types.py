@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -153,6 +154,9 @@ class GenerationRequest:
     # The prompt's media, in the order of their placeholders in `prompt` (a multimodal model's
     # chat template writes one per part).
     media: tuple[MediaItem, ...] = ()
+    # Media still to read (fetch, decode) into `media`: the server reads them before validation,
+    # in threads of their own (a slow URL holds none of the workers other requests need).
+    pending_media: Callable[[], tuple[MediaItem, ...]] | None = None
     media_inputs: MediaInputs | None = None  # what the engine made of them at validation
 
 

@@ -213,3 +213,33 @@ def test_text_only_model_refuses_media(text_only_url):
         claude(text_only_url).messages.create(model="fake-model", max_tokens=4, messages=[
             {"role": "user", "content": [{"type": "image", "source": {
                 "type": "base64", "media_type": "image/png", "data": b64(png())}}]}])
+
+
+def test_slow_media_hold_no_worker_other_requests_need(url, engine):
+    """More stalled URLs than the server reads at once: a text request is answered while every
+    one of them still waits on its URL (media are read in threads apart from the workers that
+    render and validate requests)."""
+    import threading
+
+    arrived, release = threading.Semaphore(0), threading.Event()
+    results: list[int] = []
+    with media_server({}, stall={"/slow.png"}, stalled=arrived, release=release) as base:
+        def stalled_request() -> None:
+            reply = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+                "model": "fake-model", "max_tokens": 2,
+                "messages": _image(f"{base}/slow.png")})
+            results.append(reply.status_code)
+
+        threads = [threading.Thread(target=stalled_request) for _ in range(10)]
+        for thread in threads:
+            thread.start()
+        for _ in range(8):  # the server's fetches, all of them held by the stall
+            assert arrived.acquire(timeout=30)
+        answer = oai(url).chat.completions.create(model="fake-model", max_tokens=3, messages=[
+            {"role": "user", "content": "still answered"}])
+        assert answer.choices[0].finish_reason == "length"
+        assert results == []  # none of the stalled ones has ended
+        release.set()
+        for thread in threads:
+            thread.join(60)
+    assert len(results) == 10

@@ -27,6 +27,7 @@ class MediaError(ValueError):
     def __init__(self, where: str, message: str) -> None:
         super().__init__(f"{where}: {message}")
         self.where = where
+        self.detail = message
         self.message = f"{where}: {message}"
 
 

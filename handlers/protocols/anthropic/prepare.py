@@ -71,7 +71,7 @@ def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
     # the rendering cuts it off, as Anthropic never returns it.
     params.include_stop_str_in_output = True
     gen = GenerationRequest(prompt=prompt.text, params=params, adapter=adapter,
-                            media=prompt.media)
+                            **prompt.request_media())
     budget = request.thinking.budget_tokens \
         if isinstance(request.thinking, ThinkingEnabled) else None
     with in_anthropic_terms():

@@ -10,6 +10,7 @@ here in these shapes, with `_where` naming the part in their own terms.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from handlers.engine.media import MediaError, MediaReader
@@ -70,15 +71,34 @@ class MediaParts:
                              f"{param}.{key}"))
         return {"type": kind}
 
-    def read_all(self) -> tuple[MediaItem, ...]:
-        """Every media part read, in order, once their number is known to be allowed."""
+    def pending(self) -> PendingMedia | None:
+        """The media parts to read, once their number is known to be allowed; None: none."""
         if not self._wanted:
-            return ()
+            return None
         assert self.reader is not None
         try:
             self.reader.check_counts([kind for kind, _, _ in self._wanted], "messages")
-            return tuple(self.reader.read(kind, source, where)
-                         for kind, source, where in self._wanted)
+        except MediaError as exc:
+            raise OpenAIError(exc.message, exc.where, code="invalid_value") from None
+        return PendingMedia(self.reader, tuple(self._wanted))
+
+
+@dataclass(frozen=True)
+class PendingMedia:
+    """A prompt's media parts, to read (fetch, check, decode) in order: the server does so
+    before validation, outside its shared workers (GenerationRequest.pending_media)."""
+
+    reader: MediaReader
+    wanted: tuple[tuple[str, str, str], ...]  # (kind, source, where)
+
+    def read(self) -> tuple[MediaItem, ...]:
+        """The media; MediaError naming the first part that cannot be used."""
+        return tuple(self.reader.read(kind, source, where) for kind, source, where in self.wanted)
+
+    def read_here(self) -> tuple[MediaItem, ...]:
+        """The media, a part that cannot be used refused in OpenAI's terms."""
+        try:
+            return self.read()
         except MediaError as exc:
             raise OpenAIError(exc.message, exc.where, code="invalid_value") from None
 

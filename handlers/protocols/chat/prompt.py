@@ -20,9 +20,8 @@ import jinja2
 import jinja2.meta
 
 from handlers.engine.base import Tokenizer
-from handlers.engine.types import MediaItem
 from handlers.protocols.chat import tool_calls
-from handlers.protocols.chat.chat_media import MEDIA_PARTS, MediaParts
+from handlers.protocols.chat.chat_media import MEDIA_PARTS, MediaParts, PendingMedia
 from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.chat.requests import ChatCompletionRequest, ChatMessage
 
@@ -30,21 +29,28 @@ from handlers.protocols.chat.requests import ChatCompletionRequest, ChatMessage
 @dataclass(frozen=True)
 class ChatPrompt:
     text: str
-    media: tuple[MediaItem, ...] = ()  # in the order of their placeholders in `text`
+    media: PendingMedia | None = None  # in the order of their placeholders in `text`
+
+    def request_media(self) -> dict[str, Any]:
+        """A GenerationRequest's media fields: the parts the server reads before validation."""
+        return {} if self.media is None else {"pending_media": self.media.read}
 
 
 def media_prompt_ids(tokenizer: Tokenizer, prompt: ChatPrompt) -> list[int]:
-    """A prompt with media as the model's processor tokenizes it, its media's tokens counted."""
+    """A prompt with media as the model's processor tokenizes it, its media's tokens counted
+    (the media read here: /tokenize and count_tokens)."""
+    assert prompt.media is not None
+    items = prompt.media.read_here()
     try:
-        return tokenizer.encode_media_prompt(prompt.text, prompt.media)
+        return tokenizer.encode_media_prompt(prompt.text, items)
     except (ValueError, TypeError) as exc:
         raise OpenAIError(f"messages: the model's processor refused the media: {exc}",
                           "messages", code="invalid_value") from None
 
 
 def render_chat_prompt(tokenizer: Tokenizer, request: ChatCompletionRequest) -> ChatPrompt:
-    """The prompt of a conversation; media parts read (fetched, decoded: this runs in a worker
-    thread) where the model takes them."""
+    """The prompt of a conversation; media parts checked and counted where the model takes them
+    (read later: `ChatPrompt.media`)."""
     tools = offered_tools(request)
     template = _template(tokenizer, tools)
     uses = template_variables(template)
@@ -53,7 +59,7 @@ def render_chat_prompt(tokenizer: Tokenizer, request: ChatCompletionRequest) -> 
     messages = [_message(m, i, knows_calls, media) for i, m in enumerate(request.messages)]
     if tools and "tools" not in uses:
         messages = tool_calls.with_tool_prompt(messages, tools)
-    items = media.read_all()
+    pending = media.pending()
     if media.reader is not None:  # multimodal templates read content as a list of parts
         messages = [{**m, "content": _parts(m["content"])} for m in messages]
     try:
@@ -62,7 +68,7 @@ def render_chat_prompt(tokenizer: Tokenizer, request: ChatCompletionRequest) -> 
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise OpenAIError(f"messages: the model's chat template cannot render them: {exc}",
                           "messages") from None
-    return ChatPrompt(text, items)
+    return ChatPrompt(text, pending)
 
 
 # What the rendering itself passes: chat_template_kwargs cannot set them.

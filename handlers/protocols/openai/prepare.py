@@ -57,7 +57,7 @@ def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, fmt: ChatFormat,
     options = ChatOptions.for_request(request, fmt)
     think_first(params, options, request.thinking_token_budget, "thinking_token_budget")
     gen = GenerationRequest(prompt=prompt.text, params=params, adapter=adapter,
-                            media=prompt.media)
+                            **prompt.request_media())
     context = ResponseContext(f"chatcmpl-{gen.request_id}", int(time.time()), adapter or model,
                               token_text_of(tokenizer))
     return ChatJob(request, gen, context, options)

@@ -81,7 +81,7 @@ def prepare_response(body: Any, tokenizer: Tokenizer, model: str, history: Histo
     params = chat_sampling_params(chat, _structured(chat))
     prompt = _prompt(tokenizer, chat)
     gen = GenerationRequest(prompt=prompt.text, params=params, adapter=adapter,
-                            media=prompt.media)
+                            **prompt.request_media())
     ctx = ResponseContext(f"resp_{gen.request_id}", int(time.time()), adapter or model,
                           token_text_of(tokenizer))
     chat_options = ChatOptions.for_request(chat, dataclasses.replace(fmt, full_text=False))
