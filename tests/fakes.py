@@ -65,6 +65,7 @@ class FakeTokenizer:
 
     vocab_size = 100_000
     eos_token_ids = frozenset({EOS_ID})
+    media = None  # text only
     token_bound = None  # a word is a token, however long: no bound by bytes
 
     def __init__(self, template: str = "") -> None:
@@ -74,6 +75,9 @@ class FakeTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [self._id(word) for word in text.split()]  # it has no special tokens to add
+
+    def encode_media_prompt(self, text: str, media: tuple) -> list[int]:
+        return self.encode(text)  # a media part's placeholder is a word: one token
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         words = self.token_strings([i for i in ids if not (skip_special_tokens and i == EOS_ID)])

@@ -167,6 +167,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.enable_lora", "enable_lora", values.boolean, None, engine=True),
     Setting("option.max_loras", "max_loras", values.optional_integer, None, engine=True),
     Setting("option.max_lora_rank", "max_lora_rank", values.optional_integer, None, engine=True),
+    # Media in chat messages (images, video, audio; engine/media/): how many of each one prompt
+    # may carry (vLLM's format, image=2,video=1; unset: 20 in all, MindIE's limit), the hosts
+    # media URLs may name (unset: any), and the server folder local paths may be read from
+    # (unset: none may be). Only a multimodal model takes them.
+    Setting("option.limit_mm_per_prompt", "limit_mm_per_prompt", values.modality_counts, None,
+            engine=True),
+    Setting("option.allowed_media_domains", "allowed_media_domains", values.domain_list, None,
+            engine=True),
+    Setting("option.allowed_local_media_path", "allowed_local_media_path", values.text, None,
+            engine=True),
     # A dead engine loop is rebuilt and restarted (true) or stops the process with exit 1.
     Setting("option.engine_restart", "engine_restart", values.boolean, True, engine=True),
     # Seconds one engine step may run before the engine counts as stuck (0: no limit).

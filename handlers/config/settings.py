@@ -122,6 +122,9 @@ class Config:
     enable_lora: bool | None  # None: on when adapters are configured
     max_loras: int | None  # None: the engine's default
     max_lora_rank: int | None  # None: the engine's default
+    limit_mm_per_prompt: dict[str, int] | None  # modality -> count; None: MindIE's 20 in all
+    allowed_media_domains: tuple[str, ...] | None  # None: any host
+    allowed_local_media_path: str | None  # None: no server path may be read
     engine_restart: bool
     engine_stall_timeout: int  # seconds; 0: no limit
     host: str

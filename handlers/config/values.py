@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -72,6 +73,38 @@ def choice(*allowed: str, aliases: Mapping[str, str] | None = None) -> Parser:
         return table[value.lower()]
 
     return parse
+
+
+MODALITIES = ("image", "video", "audio")
+
+
+def modality_counts(value: str) -> dict[str, int]:
+    """vLLM's `--limit-mm-per-prompt` as DJL LMI writes it: `image=2,video=1` (JSON too)."""
+    value = value.strip()
+    if value.startswith("{"):
+        try:
+            pairs = [(str(k), str(v)) for k, v in json.loads(value).items()]
+        except (ValueError, AttributeError):
+            raise ValueError("expected modality=count pairs, e.g. image=2,video=1") from None
+    else:
+        pairs = [tuple(p.split("=", 1)) if "=" in p else (p, "")
+                 for p in value.split(",") if p.strip()]
+    counts = {}
+    for name, count in pairs:
+        name = name.strip().lower()
+        if name not in MODALITIES or not re.fullmatch(r"\d+", count.strip()):
+            raise ValueError(f"expected modality=count pairs, the modalities "
+                             f"{', '.join(MODALITIES)}, e.g. image=2,video=1 (got {name}={count})")
+        counts[name] = int(count)
+    return counts
+
+
+def domain_list(value: str) -> tuple[str, ...]:
+    """Host names, comma-separated (vLLM's `--allowed-media-domains`)."""
+    domains = tuple(d.strip().lower() for d in value.split(",") if d.strip())
+    if not domains or not all(re.fullmatch(r"[a-z0-9.\-]+", d) for d in domains):
+        raise ValueError("expected host names, comma-separated, e.g. example.com,cdn.example.com")
+    return domains
 
 
 def parallel_degree(value: str) -> int | Literal["max"]:

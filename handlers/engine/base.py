@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from handlers.engine.media import MediaReader
 from handlers.engine.prompt_tokens import TokenBound
 from handlers.engine.types import (
     AdapterActivity,
     AnswerPiece,
     EmbeddingResult,
     GenerationRequest,
+    MediaItem,
     RequestOutput,
 )
 
@@ -30,10 +32,16 @@ class Tokenizer(Protocol):
     # The fewest tokens a text can be, by its bytes, where that is proven
     # (engine/prompt_tokens.py): a prompt too long by it is refused unread. None: no bound.
     token_bound: TokenBound | None
+    # What reads a multimodal model's media parts (engine/media/); None: the model reads text.
+    media: MediaReader | None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The text's token ids; special tokens (a BOS...) only when asked for, as the engines
         tokenize prompts without them."""
+
+    def encode_media_prompt(self, text: str, media: tuple[MediaItem, ...]) -> list[int]:
+        """A chat prompt's ids with its media's tokens, as the engine counts them (the model's
+        processor expands each placeholder); only where `media` is set."""
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 

@@ -3,17 +3,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cached_property
 from typing import Any
 
+from handlers.engine.media import MediaReader
 from handlers.engine.prompt_tokens import TokenBound, token_bound
+from handlers.engine.types import MediaItem
 
 
 class HFTokenizer:
     def __init__(self, tokenizer: Any, eos_token_ids: Iterable[int],
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, media: MediaReader | None = None,
+                 media_ids: Callable[[str, tuple[MediaItem, ...]], list[int]] | None = None
+                 ) -> None:
         self.hf = tokenizer
+        self.media = media  # a multimodal model's: what reads media parts
+        self._media_ids = media_ids  # its processor's count of a prompt with media
         self.vocab_size = len(tokenizer)
         self.eos_token_ids = frozenset(eos_token_ids)
         self._chat_template = chat_template
@@ -27,6 +33,11 @@ class HFTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_media_prompt(self, text: str, media: tuple[MediaItem, ...]) -> list[int]:
+        if self._media_ids is None:
+            raise ValueError("this model is text-only")
+        return self._media_ids(text, media)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)

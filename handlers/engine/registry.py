@@ -47,6 +47,8 @@ _HF = frozenset({"option.dtype", "option.device", "option.trust_remote_code"})
 _SUPERVISED = frozenset({"option.engine_restart", "option.engine_stall_timeout"})
 _LORA = frozenset({"option.lora_modules", "option.enable_lora", "option.max_loras",
                    "option.max_lora_rank"})
+_MEDIA = frozenset({"option.limit_mm_per_prompt", "option.allowed_media_domains",
+                    "option.allowed_local_media_path"})
 _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_degree",
                   "option.quantize", "option.gpu_memory_utilization", "option.enforce_eager",
                   "option.enable_prefix_caching", "option.disable_sliding_window",
@@ -56,7 +58,7 @@ ENGINES = {
     # The torch engine compiles its CPU decode step unless option.enforce_eager=true; it applies
     # LoRA adapters itself (handlers/engine/torch/lora.py); option.quantize: TORCH_QUANTIZE's.
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
-                         _ROLLING | _HF | _SUPERVISED | _LORA | {"option.enforce_eager",
+                         _ROLLING | _HF | _SUPERVISED | _LORA | _MEDIA | {"option.enforce_eager",
                                                                  "option.enable_prefix_caching",
                                                                  "option.quantize"},
                          choices=(("option.quantize", TORCH_QUANTIZE),)),
@@ -64,7 +66,7 @@ ENGINES = {
     # workers) is launched again or ends the process (option.engine_restart). LoRA adapters are
     # vLLM's own. Any AsyncEngineArgs field may be given by name (option.<field>).
     "vllm": EngineEntry("vllm", "handlers.engine.vllm.build",
-                        _ROLLING | _HF | _GPU | _LORA | _SUPERVISED,
+                        _ROLLING | _HF | _GPU | _LORA | _MEDIA | _SUPERVISED,
                         arguments="handlers.engine.vllm.args:vllm_fields", package="vllm"),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
     # It compiles nothing: option.enforce_eager=true asks it for what it does.

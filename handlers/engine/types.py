@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class FinishReason(str, Enum):
@@ -118,6 +120,19 @@ class SamplingParams:
         return max(self.n, self.best_of or 1)
 
 
+@dataclass(frozen=True)
+class MediaItem:
+    """An image, audio clip or video of a prompt, read and decoded (engine/media/): `data` is a
+    PIL image (RGB), an (audio float32 mono samples, sampling rate) pair or a video's frames
+    (uint8 [frames, height, width, 3]); `digest` is the sha256 of the bytes it came from (what
+    the prefix cache keys it by); `where` the request field it came from."""
+
+    kind: str  # image | audio | video
+    data: Any
+    digest: str
+    where: str
+
+
 @dataclass
 class GenerationRequest:
     """One prompt to complete. `prompt_token_ids` is filled by `Engine.validate`."""
@@ -136,6 +151,24 @@ class GenerationRequest:
     # A stateful session (SageMaker's): an engine that caches prefixes pins the finished
     # conversation's keys/values under it until Engine.release_session.
     session: str | None = None
+    # The prompt's media, in the order of their placeholders in `prompt` (a multimodal model's
+    # chat template writes one per part).
+    media: tuple[MediaItem, ...] = ()
+    # Media still to read (fetch, decode) into `media`: the server reads them before validation,
+    # in threads of their own (a slow URL holds none of the workers other requests need).
+    pending_media: Callable[[], tuple[MediaItem, ...]] | None = None
+    media_inputs: MediaInputs | None = None  # what the engine made of them at validation
+
+
+@dataclass(frozen=True)
+class MediaInputs:
+    """What an engine's processor made of a prompt's media at validation: the model's inputs
+    (pixel values and the like; engine-specific), and the prompt's ids with every media token
+    replaced by a key of the request's media content (negative: no real token), which is what
+    a prefix cache matches, so that a kept prefix serves only the same media."""
+
+    tensors: dict[str, Any]
+    cache_ids: tuple[int, ...]
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from handlers.engine.base import Tokenizer
 from handlers.protocols.chat.errors import OpenAIError, check_model, validate_body
-from handlers.protocols.chat.prompt import render_chat_prompt
+from handlers.protocols.chat.prompt import ChatPrompt, media_prompt_ids, render_chat_prompt
 from handlers.protocols.chat.requests import (
     MAX_TOOLS,
     ChatCompletionRequest,
@@ -72,19 +72,22 @@ def _parse(kind: type[R], body: Any, model: str) -> R:
 def tokenize(body: Any, tokenizer: Tokenizer, model: str, max_model_len: int) -> dict[str, Any]:
     is_chat = isinstance(body, dict) and "messages" in body
     request = _parse(TokenizeChatRequest if is_chat else TokenizePromptRequest, body, model)
-    text = _chat_prompt(request, tokenizer) if isinstance(request, TokenizeChatRequest) \
-        else request.prompt
+    prompt = _chat_prompt(request, tokenizer) if isinstance(request, TokenizeChatRequest) \
+        else ChatPrompt(request.prompt)
+    text = prompt.text
     if len(text) > MAX_TEXT:
         field = "messages" if is_chat else "prompt"
         raise OpenAIError(f"{field}: the text to tokenize is {len(text)} characters; the "
                           f"limit is {MAX_TEXT}", field, ErrorKind.TOO_LARGE)
-    ids = tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+    # With media, the model's processor counts them (the chat template wrote special tokens).
+    ids = media_prompt_ids(tokenizer, prompt) if prompt.media else \
+        tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
     strings = tokenizer.token_strings(ids) if request.return_token_strs else None
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
             "token_strs": strings}
 
 
-def _chat_prompt(request: TokenizeChatRequest, tokenizer: Tokenizer) -> str:
+def _chat_prompt(request: TokenizeChatRequest, tokenizer: Tokenizer) -> ChatPrompt:
     if request.continue_final_message and request.add_generation_prompt:
         raise OpenAIError("continue_final_message: cannot be true with add_generation_prompt",
                           "continue_final_message", code="invalid_value")

@@ -25,7 +25,7 @@ from handlers.protocols.chat.answer import ChatFormat
 from handlers.protocols.checks import Checks, Refuse
 from handlers.protocols.errors import ErrorKind, GenerationError, ProtocolError
 from handlers.protocols.openai_responses import ResponseStore
-from handlers.server.driver import bounded, validated
+from handlers.server.driver import bounded, validated, with_media
 from handlers.server.failures import FailureStreak
 from handlers.server.generation import Admission, Generation
 from handlers.server.request_ids import current as current_request_id
@@ -45,6 +45,9 @@ T = TypeVar("T")
 # Threads that tokenize, render chat templates and compile grammars for requests: the
 # tokenizers and xgrammar release the GIL, so the event loop keeps scheduling meanwhile.
 WORKERS = 8
+# Threads that read requests' media (fetching URLs, at most engine/media's MAX_FETCHES at once,
+# and decoding): apart from WORKERS, so slow media hold up only other media.
+MEDIA_WORKERS = 16
 
 OUTPUT_FORMATTERS = ("json", "jsonlines", "sse")
 
@@ -172,6 +175,7 @@ class ServerContext:
         self.responses = ResponseStore()  # OpenAI Responses kept for retrieval: bounded LRU
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         self.workers = anyio.CapacityLimiter(WORKERS)
+        self.media_workers = anyio.CapacityLimiter(MEDIA_WORKERS)
         self._drains: list[Callable[[], Awaitable[None]]] = []
         self._draining: set[asyncio.Task] = set()
         self._cut_timer: asyncio.TimerHandle | None = None  # set once draining began
@@ -274,6 +278,7 @@ class ServerContext:
         try:
             bounded(requests, self.settings.max_client_batch_size, checks)
             requests = await self._in_session(requests)
+            requests = await self._with_media(requests, checks)
             requests = await self.offload(validated, engine, requests, checks)
             server = self.settings.predict_timeout
             own = timeout is not None and (server is None or timeout < server)
@@ -291,6 +296,19 @@ class ServerContext:
             trace.admitted(requests)
         self._generations.add(generation)
         return generation
+
+    async def _with_media(self, requests: list[GenerationRequest], checks: Checks
+                          ) -> list[GenerationRequest]:
+        """Each request's media read (fetched, checked, decoded) in threads of their own, so a
+        slow URL holds none of the workers other requests are validated in; a part that cannot
+        be used is the protocol's refusal naming it."""
+        read = []
+        for index, request in enumerate(requests):
+            if request.pending_media is not None:
+                request = await anyio.to_thread.run_sync(with_media, request, checks, index,
+                                                         limiter=self.media_workers)
+            read.append(request)
+        return read
 
     async def _in_session(self, requests: list[GenerationRequest]) -> list[GenerationRequest]:
         """The requests, in the stateful session the caller named (if any, and open)."""

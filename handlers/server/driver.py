@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
 from itertools import accumulate
 from typing import TypeVar
 
@@ -22,6 +23,7 @@ import anyio
 
 from handlers.engine.base import Engine, Pair, SteppableEngine
 from handlers.engine.limits import check_limits
+from handlers.engine.media import MediaError
 from handlers.engine.types import GenerationRequest, RequestValidationError
 from handlers.protocols.checks import Checks
 from handlers.protocols.errors import GenerationError
@@ -121,6 +123,7 @@ def validated(engine: Engine, requests: list[GenerationRequest], checks: Checks
     protocol's error for the first one refused."""
     accepted = []
     for index, request in enumerate(requests):
+        request = with_media(request, checks, index)  # read already where the server read them
         try:
             request = _engine_checked(engine, request, checks)
         except RequestValidationError as exc:
@@ -133,6 +136,18 @@ def validated(engine: Engine, requests: list[GenerationRequest], checks: Checks
             raise checks.refusal(exc, index) from None
         accepted.append(request)
     return accepted
+
+
+def with_media(request: GenerationRequest, checks: Checks, index: int) -> GenerationRequest:
+    """The request with its pending media read (fetched, checked, decoded); a part that cannot
+    be used is the protocol's refusal naming it."""
+    if request.pending_media is None:
+        return request
+    try:
+        media = request.pending_media()
+    except MediaError as exc:
+        raise checks.refusal(RequestValidationError(exc.where, exc.detail), index) from None
+    return replace(request, media=media, pending_media=None)
 
 
 def _engine_checked(engine: Engine, request: GenerationRequest, checks: Checks

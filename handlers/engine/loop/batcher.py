@@ -209,7 +209,7 @@ class ContinuousBatcher:
             first.slot = slot
             self._owner[slot] = first
             if self.prefix is not None and state.prompt_logprobs is None:
-                first.cached = self.prefix.restore(state.prompt_ids, slot, request.adapter)
+                first.cached = self.prefix.restore(state.cache_ids, slot, request.adapter)
             self.prefilling.append(state)
             self.states[request.request_id] = state
         self.waiting[:0] = held  # of the first priorities taken: still in priority order
@@ -320,14 +320,23 @@ class ContinuousBatcher:
 
     def _prefill(self, touched: dict[str, RequestState]) -> None:
         plan, chunks, states = self._prefill_plan(), [], []
-        for state in self.prefilling:  # oldest first, as the pass has always run them
+        for state in list(self.prefilling):  # oldest first, as the pass has always run them
             if (size := plan.get(state.request_id, 0)) <= 0:
                 continue
             seq = state.sequences[0]
+            try:
+                embeds = self._media_embeds(state, seq.cached, size)
+            except Exception as exc:  # its media fail it alone
+                log.exception("request %s: encoding its media failed", state.request_id)
+                self._fail(state, exc, touched)
+                continue
             chunks.append(PrefillChunk(slot=seq.slot, start=seq.cached,
                                        token_ids=state.prompt_ids[seq.cached : seq.cached + size],
-                                       all_logits=state.prompt_logprobs is not None))
+                                       all_logits=state.prompt_logprobs is not None,
+                                       embeds=embeds))
             states.append(state)
+        if not chunks:
+            return
         try:
             logits = self.runner.prefill(chunks)
         except Exception as exc:
@@ -346,6 +355,16 @@ class ContinuousBatcher:
                 log.exception("request %s failed in prefill", state.request_id)
                 self._fail(state, exc, touched)
 
+    def _media_embeds(self, state: RequestState, start: int, size: int) -> torch.Tensor | None:
+        """A prompt with media: its chunk's input embeddings, the encoders run at its first
+        chunk (here, in the engine's thread) for the whole prompt, so no chunk splits media."""
+        inputs = state.request.media_inputs
+        if inputs is None:
+            return None
+        if state.embeds is None:
+            state.embeds = self.runner.prompt_embeddings(inputs)
+        return state.embeds[start : start + size]
+
     def _after_prefill_chunk(self, state: RequestState, chunk: PrefillChunk,
                              logits: torch.Tensor, touched: dict[str, RequestState]) -> None:
         first = state.sequences[0]
@@ -353,8 +372,9 @@ class ContinuousBatcher:
             self._record_prompt_logprobs(state, chunk, logits)
         if first.cached < len(state.prompt_ids):
             return
+        state.embeds = None  # read whole: the decode steps read tokens
         if self.prefix is not None:
-            self.prefix.keep(state.prompt_ids, first.slot, state.request.adapter)
+            self.prefix.keep(state.cache_ids, first.slot, state.request.adapter)
         self.prefilling.remove(state)
         self._start_decoding(state, logits[-1:])
         touched[state.request_id] = state
@@ -527,11 +547,13 @@ class ContinuousBatcher:
     def _pin_session(self, seq: Sequence) -> None:
         """A session's answer ended: pin its conversation so far (every token whose keys and
         values the slot holds) for the session's next turn."""
-        request = self._state_of(seq).request
+        state = self._state_of(seq)
+        request = state.request
         if self.prefix is not None and request.session is not None and seq.index == 0 and \
                 seq.finish_reason not in (FinishReason.ABORT, FinishReason.ERROR):
-            self.prefix.pin(request.session, seq.token_ids[:seq.cached], seq.slot,
-                            request.adapter)
+            prompt = len(state.prompt_ids)  # its media tokens keyed by their content
+            tokens = [*state.cache_ids, *seq.token_ids[prompt : seq.cached]]
+            self.prefix.pin(request.session, tokens[: seq.cached], seq.slot, request.adapter)
 
     def _release_finished(self) -> None:
         """Free the slots of finished sequences, keeping running ones in slots 0..B-1."""

@@ -18,12 +18,14 @@ from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.loop.batcher import ContinuousBatcher
 from handlers.engine.loop.runner import Runner
 from handlers.engine.loop.thread import EngineLoop
+from handlers.engine.media import MediaLimits, MediaReader
 from handlers.engine.prompt_tokens import prompt_ids
 from handlers.engine.types import (
     AdapterActivity,
     AdapterError,
     EngineFailure,
     GenerationRequest,
+    MediaItem,
     RequestOutput,
     RequestValidationError,
 )
@@ -59,6 +61,19 @@ class AdapterSet(Protocol):
         """Keep `name` in the runner's slots once there (or not); AdapterError when it cannot."""
 
 
+class PromptMedia(Protocol):
+    """A multimodal model's processor (the torch engine's MediaPrompts)."""
+
+    kinds: frozenset[str]  # the media it takes: image, video, audio
+
+    def prepare(self, request: GenerationRequest, max_model_len: int) -> None:
+        """Fill the request's prompt_token_ids (media expanded) and media_inputs;
+        RequestValidationError when it cannot."""
+
+    def token_ids(self, prompt: str, media: tuple[MediaItem, ...]) -> list[int]:
+        """The prompt's ids, media expanded (what /tokenize counts)."""
+
+
 class LoopEngine:
     """Continuous batching over `new_runner()`'s forward passes (each makes a fresh runner and KV
     cache: one at the start and one per restart). `loop` runs the steps; it may run in the
@@ -69,9 +84,14 @@ class LoopEngine:
                  chat_template: str | None = None, stall_timeout: float | None = None,
                  prefix_cache_bytes: int = 0, on_serve: Callable[[], None] | None = None,
                  on_stop: Callable[[], None] | None = None,
-                 lora: AdapterSet | None = None) -> None:
+                 lora: AdapterSet | None = None, media: PromptMedia | None = None,
+                 media_limits: MediaLimits | None = None) -> None:
         self.model_name = loaded.name
-        self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template)
+        self.media = media
+        reader = None if media is None else MediaReader(media.kinds,
+                                                        media_limits or MediaLimits())
+        self.tokenizer = HFTokenizer(loaded.tokenizer, loaded.eos_token_ids, chat_template,
+                                     reader, None if media is None else media.token_ids)
         self.dtype = str(loaded.dtype).removeprefix("torch.")
         self.device = loaded.device.type
         self.quantization = loaded.quantization
@@ -108,7 +128,8 @@ class LoopEngine:
             served = ", ".join(self.adapters) or "none: LoRA is off (option.enable_lora)"
             raise RequestValidationError("adapter", f"LoRA adapter {request.adapter!r} is not "
                                          f"served (served: {served})")
-        ids = prompt_ids(request, self.tokenizer, self.max_model_len)
+        ids = self._media_prompt(request) if request.media else \
+            prompt_ids(request, self.tokenizer, self.max_model_len)
         if params.num_sequences > self.batcher.max_batch_size:
             raise RequestValidationError(
                 "best_of" if params.best_of else "n",
@@ -118,6 +139,14 @@ class LoopEngine:
         if params.structured is not None:  # 1-5 ms for a new schema here, then a cache hit
             self.batcher.grammars.compile(params.structured)
         request.prompt_token_ids = ids
+
+    def _media_prompt(self, request: GenerationRequest) -> list[int]:
+        if self.media is None:
+            raise RequestValidationError("messages", "this model is text-only; media content "
+                                         "is not supported")
+        if request.media_inputs is None:
+            self.media.prepare(request, self.max_model_len)
+        return list(request.prompt_token_ids or [])
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         if request.prompt_token_ids is None:

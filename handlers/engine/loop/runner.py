@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from handlers.engine.loop.prefix_cache import PrefixStore
+from handlers.engine.types import MediaInputs
 
 
 @dataclass
@@ -23,6 +24,9 @@ class PrefillChunk:
     token_ids: list[int]  # the chunk's tokens
     start: int  # position of the chunk's first token
     all_logits: bool = False  # logits for every chunk position (prompt logprobs), not just the last
+    # A prompt with media: the chunk's input embeddings [len, hidden] (media merged in), read in
+    # place of its tokens' own.
+    embeds: torch.Tensor | None = None
 
 
 class RunnerCache(Protocol):
@@ -47,6 +51,10 @@ class Runner(PrefixStore, Protocol):
                ) -> torch.Tensor:
         """One token for each row in slots first_slot.., whose `lengths` tokens are cached:
         float32 logits [B, V]."""
+
+    def prompt_embeddings(self, inputs: MediaInputs) -> torch.Tensor:
+        """A prompt's input embeddings [tokens, hidden] with its media encoded and merged in
+        (the vision or audio encoder runs here); only runners of multimodal models."""
 
     def move(self, src: int, dst: int, length: int) -> None: ...
 

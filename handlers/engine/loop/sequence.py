@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
 from handlers.engine.grammars import SequenceGrammar
@@ -130,6 +131,7 @@ class RequestState:
     sequences: list[Sequence]
     metrics: RequestMetrics
     prompt_logprobs: list[Token] | None = None
+    embeds: Any = None  # with media: the prompt's input embeddings while it prefills
     sent_first: bool = False
     reported_finish: set[int] = field(default_factory=set)
 
@@ -140,6 +142,12 @@ class RequestState:
     @property
     def prompt_ids(self) -> list[int]:
         return self.request.prompt_token_ids or []
+
+    @property
+    def cache_ids(self) -> list[int] | tuple[int, ...]:
+        """What the prefix cache matches: the prompt, media tokens keyed by their content."""
+        media = self.request.media_inputs
+        return self.prompt_ids if media is None else media.cache_ids
 
     @property
     def finished(self) -> bool:

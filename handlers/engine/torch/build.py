@@ -7,9 +7,11 @@ import logging
 from handlers.config import Config, ConfigError, chat_template_text, with_source_adapters
 from handlers.engine.base import EngineBuild
 from handlers.engine.loop.direct import DirectStepper
+from handlers.engine.media import MediaLimits
+from handlers.engine.media.limits import media_settings_given
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.engine import TorchEngine
-from handlers.engine.torch.loader import load_model
+from handlers.engine.torch.loader import LoadedModel, load_model
 from handlers.engine.torch.lora import LoraSet
 from handlers.engine.types import AdapterError
 from handlers.model_source import resolve_model_source
@@ -42,10 +44,21 @@ def build(config: Config) -> EngineBuild:
                          stall_timeout=config.engine_stall_timeout or None,
                          prefix_cache_bytes=0 if config.enable_prefix_caching is False
                          else PREFIX_CACHE_BYTES, graphs=graphs, lora=lora,
-                         cuda_graphs=on_gpu and not config.enforce_eager)
+                         cuda_graphs=on_gpu and not config.enforce_eager,
+                         media_limits=_media_limits(config, loaded))
     if lora is not None:  # the runner wrapped the model's projections: the adapters fit in
         _add_adapters(config, lora)
     return EngineBuild(engine, main_loop=engine.loop, steppable=DirectStepper(engine))
+
+
+def _media_limits(config: Config, loaded: LoadedModel) -> MediaLimits | None:
+    """The media settings' limits; refused for a model that reads text only."""
+    if loaded.processor is None:
+        if given := media_settings_given(config):
+            raise ConfigError(f"{', '.join(given)}: {loaded.name} reads text only; media "
+                              "settings apply to multimodal models")
+        return None
+    return MediaLimits.of(config)
 
 
 def _add_adapters(config: Config, lora: LoraSet) -> None:

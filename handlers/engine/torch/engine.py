@@ -7,9 +7,11 @@ steps compiled into graphs where `graphs` is given (on the CPU) or captured as C
 from __future__ import annotations
 
 from handlers.engine.loop.engine import LoopEngine
+from handlers.engine.media import MediaLimits
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.loader import LoadedModel
 from handlers.engine.torch.lora import LoraSet
+from handlers.engine.torch.media_prompts import MediaPrompts
 from handlers.engine.torch.model_runner import ModelRunner
 
 
@@ -18,7 +20,7 @@ class TorchEngine(LoopEngine):
                  max_prefill_tokens: int = 512, chat_template: str | None = None,
                  stall_timeout: float | None = None, prefix_cache_bytes: int = 0,
                  graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, media_limits: MediaLimits | None = None) -> None:
         self.graphs = graphs
         super().__init__(
             loaded,
@@ -30,7 +32,8 @@ class TorchEngine(LoopEngine):
             # Loaded or compiled once serving begins, not while the server starts: loading
             # holds the GIL for seconds.
             on_serve=graphs.start if graphs else None, on_stop=graphs.close if graphs else None,
-            lora=lora)
+            lora=lora, media=None if loaded.processor is None else MediaPrompts(loaded.processor),
+            media_limits=media_limits)
 
     def stats(self) -> dict[str, int]:
         stats = super().stats()

@@ -56,6 +56,7 @@ class LoadedModel:
     eos_token_ids: set[int]
     quantize: str = "none"  # the linears' weights: none (float), int8 or int4 (the narrowest)
     quantize_mode: str = "none"  # what option.quantize resolved to (quantization.py's Plan)
+    processor: Any = None  # a multimodal model's AutoProcessor (its media); None: text only
 
     @property
     def quantization(self) -> str:
@@ -113,6 +114,12 @@ def load_model(
         logger.info("option.dtype=auto: %s, as the quantization probe measured", dtype)
     logger.info("option.quantize=%s: %s (%s)", quantize or "auto", plan.mode, plan.why)
     model, tokenizer, origin = _load_weights(source, dtype, target, trust_remote_code, cache_dir)
+    processor = None
+    if not isinstance(tokenizer, (str, bytes)) and hasattr(tokenizer, "tokenizer") \
+            and hasattr(tokenizer, "image_processor"):  # a multimodal model's processor
+        processor, tokenizer = tokenizer, tokenizer.tokenizer
+        if processor.chat_template and not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = processor.chat_template
     quantized = "none"
     if plan.mode != "none":
         quantized = quantization.quantize_model(model, plan.mode, source, cache_dir)
@@ -123,12 +130,13 @@ def load_model(
         tokenizer=tokenizer,
         name=name or derive_model_name(source.name),
         source=str(source),
-        max_model_len=_max_model_len(model.config, max_model_len),
+        max_model_len=_max_model_len(_text_config(model.config), max_model_len),
         device=target,
         dtype=model.dtype,
         eos_token_ids=_eos_token_ids(model, tokenizer),
         quantize=quantized,
         quantize_mode=plan.mode,
+        processor=processor,
     )
     logger.info(
         "Loaded %s from %s (%s): dtype=%s device=%s max_model_len=%d eos=%s in %.1f s",
@@ -161,9 +169,33 @@ def _load_weights(
     kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     config = AutoConfig.from_pretrained(source, **kwargs)
     torch_dtype = resolve_dtype(dtype, target, _checkpoint_dtype(config))
+    if is_multimodal(config):
+        if config.model_type not in VISION_FAMILIES:
+            raise ValueError(
+                f"{source}: the torch engine serves the vision-language families "
+                f"{', '.join(VISION_FAMILIES)}, not {config.model_type} (others place their "
+                "media tokens by positions or attention of their own); the vllm engine serves it")
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        model = AutoModelForImageTextToText.from_pretrained(source, config=config,
+                                                            dtype=torch_dtype, **kwargs)
+        # The processor stands in for the tokenizer until load_model splits them.
+        return model, AutoProcessor.from_pretrained(source, **kwargs), origin + ", multimodal"
     model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch_dtype, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     return model, tokenizer, origin
+
+
+# The vision-language families whose media are input embeddings in place of their placeholder
+# tokens, under the language model's own positions and causal attention: what the runner's
+# passes compute (tested on each).
+VISION_FAMILIES = ("llava", "llava_next", "idefics3")
+
+
+def is_multimodal(config: Any) -> bool:
+    """A vision-language model: a text model with a vision encoder beside it."""
+    return getattr(config, "vision_config", None) is not None \
+        and getattr(config, "text_config", None) is not None
 
 
 def _llama_tokenizer(source: Path) -> PreTrainedTokenizerBase | PlainTokenizer:
@@ -182,6 +214,12 @@ def _llama_tokenizer(source: Path) -> PreTrainedTokenizerBase | PlainTokenizer:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(source, local_files_only=True)
+
+
+def _text_config(config: Any) -> Any:
+    """A multimodal model's language model's config (the context length is its)."""
+    text = getattr(config, "get_text_config", None)
+    return text() if text is not None else config
 
 
 def _checkpoint_dtype(config: Any) -> torch.dtype | None:
@@ -204,7 +242,8 @@ def _max_model_len(config: Any, option: int | None) -> int:
 
 def _eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> set[int]:
     generation = getattr(model, "generation_config", None)
-    sources = (getattr(generation, "eos_token_id", None), model.config.eos_token_id,
+    sources = (getattr(generation, "eos_token_id", None),
+               getattr(_text_config(model.config), "eos_token_id", None),
                tokenizer.eos_token_id)  # fmt: skip
     ids: set[int] = set()
     for value in sources:

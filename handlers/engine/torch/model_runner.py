@@ -28,7 +28,9 @@ from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.kv_cache import SavedPrefix, SlotKVCache
 from handlers.engine.torch.llama_stack import LlamaStack
 from handlers.engine.torch.lora import LoraSet
+from handlers.engine.torch.media_prompts import prompt_embeddings
 from handlers.engine.torch.onednn_linear import use_onednn_linears
+from handlers.engine.types import MediaInputs
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +51,24 @@ class ModelRunner:
         )
         self.device = model.device
         self.dtype = model.dtype
+        # A multimodal model: what runs here (fused, rerouted attention, oneDNN) is its language
+        # model; its encoders run as transformers wrote them (prompt_embeddings).
+        self.multimodal = getattr(model.config, "vision_config", None) is not None
+        language = model.get_decoder() if self.multimodal else model
         # On the CPU attention runs in float32, over a bf16 or float32 cache (see attention.py).
         cpu = self.device.type == "cpu"
         self.cache_dtype = cpu_cache_dtype(self.dtype) if cpu else self.dtype
         self.mask_dtype = torch.float32 if cpu else self.dtype
         if self.device.type == "cpu":
-            use_slot_cache_attention(model)
+            use_slot_cache_attention(language)
             row_reductions.available()  # built now (first start: seconds), not in a first request
         self.vocab_size = model.get_output_embeddings().out_features
-        log.info("%d projection groups fused", fuse_projections(model))  # before packing
+        log.info("%d projection groups fused", fuse_projections(language))  # before packing
         if lora is not None:
             lora.attach(model)
         if self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16):
             log.info("%d linear layers run on oneDNN",
-                     use_onednn_linears(model, self.dtype))
+                     use_onednn_linears(language, self.dtype))
         self.num_slots = num_slots
         self.cache = SlotKVCache(
             num_layers=config.num_hidden_layers,
@@ -142,7 +148,7 @@ class ModelRunner:
         slots = torch.tensor([c.slot for c in chunks])
         self._use_adapters([c.slot for c in chunks])
         self.cache.bind(slots, positions, read_len)
-        hidden = self._forward(ids, positions, mask)
+        hidden = self._forward(ids, positions, mask, self._embeds(ids, chunks))
         logits = []
         for row, chunk in enumerate(chunks):
             n = len(chunk.token_ids)
@@ -150,11 +156,26 @@ class ModelRunner:
             logits.append(self._lm_head(rows).float())
         return logits
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
-        if self._stack is not None:
+    def _embeds(self, ids: torch.Tensor, chunks: list[PrefillChunk]) -> torch.Tensor | None:
+        """The pass's input embeddings where a chunk brings its own (media), else None."""
+        if all(c.embeds is None for c in chunks):
+            return None
+        embeds = self._decoder.get_input_embeddings()(ids)
+        for row, chunk in enumerate(chunks):
+            if chunk.embeds is not None:
+                embeds[row, : len(chunk.token_ids)] = chunk.embeds.to(embeds.dtype)
+        return embeds
+
+    def prompt_embeddings(self, inputs: MediaInputs) -> torch.Tensor:
+        return prompt_embeddings(self.model, inputs)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 embeds: torch.Tensor | None = None):
+        if self._stack is not None and embeds is None:
             return self._stack.forward(ids, positions, mask, self.cache)
+        tokens = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         with visible_keys(positions + 1):  # what slot_cache_attention computes over
-            out = self._decoder(input_ids=ids, position_ids=positions, attention_mask=mask,
+            out = self._decoder(**tokens, position_ids=positions, attention_mask=mask,
                                 past_key_values=self.cache, use_cache=True)
         return out.last_hidden_state
 

@@ -39,6 +39,9 @@ LMI_TO_VLLM = {
     "revision": "revision",
     # vLLM's structured outputs then constrain the answer after the thinking, as ours do
     "reasoning_parser": "reasoning_parser",
+    # How many media a prompt may carry: vLLM sizes its encoder cache and memory profile by it
+    # (the server reads and checks the media itself: engine/media/).
+    "limit_mm_per_prompt": "limit_mm_per_prompt",
 }
 _DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _BY_FIELD = {s.field: s for s in SETTINGS}

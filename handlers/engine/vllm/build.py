@@ -5,6 +5,8 @@ the torch engine's conversion cache), with LMI's options mapped onto its engine 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,6 +18,9 @@ from handlers.config import Config, ConfigError, chat_template_text, with_source
 from handlers.engine.base import EngineBuild
 from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.engine.hf_tokenizer import HFTokenizer
+from handlers.engine.media import MediaLimits, MediaReader
+from handlers.engine.media.limits import media_settings_given
+from handlers.engine.media.processor import processor_kinds, prompt_token_ids
 from handlers.engine.vllm.answers import VllmAnswerParsing
 from handlers.engine.vllm.args import engine_kwargs, vllm_fields
 from handlers.engine.vllm.engine import VllmEngine
@@ -55,7 +60,7 @@ def build(config: Config) -> EngineBuild:
         args = AsyncEngineArgs(**kwargs)
     except (TypeError, ValueError) as exc:  # a conflicting pair of arguments, a bad value
         raise ConfigError(f"vLLM refuses its engine arguments: {exc}") from exc
-    hf_tokenizer = tokenizer(config, model_dir)
+    hf_tokenizer = tokenizer(config, model_dir, media_reader(config, model_dir))
     parsing = VllmAnswerParsing(config, hf_tokenizer.hf) \
         if config.reasoning_parser or config.tool_call_parser else None
     readings = SchedulerReadings()
@@ -80,8 +85,34 @@ def model_directory(config: Config) -> Path:
     return cached_gguf_dir(source) if source.suffix.lower() == ".gguf" else source
 
 
-def tokenizer(config: Config, model_dir: Path) -> HFTokenizer:
-    """The model's tokenizer (the files vLLM reads), with its end-of-sequence ids."""
+def media_reader(config: Config, model_dir: Path
+                 ) -> tuple[MediaReader, Callable[..., list[int]]] | None:
+    """What reads a multimodal model's media (the kinds its processor takes), within the media
+    settings' limits, and how its processor counts a prompt's tokens; None for a model that
+    reads text only, which refuses those settings."""
+    from transformers import AutoConfig, AutoProcessor
+
+    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
+    kinds: frozenset[str] = frozenset()
+    processor = None
+    if getattr(hf_config, "vision_config", None) is not None \
+            or getattr(hf_config, "audio_config", None) is not None:
+        processor = AutoProcessor.from_pretrained(model_dir,
+                                                  trust_remote_code=config.trust_remote_code)
+        kinds = processor_kinds(processor)
+    if not kinds:
+        if given := media_settings_given(config):
+            raise ConfigError(f"{', '.join(given)}: {config.model_name} reads text only; "
+                              "media settings apply to multimodal models")
+        return None
+    return MediaReader(kinds, MediaLimits.of(config)), partial(prompt_token_ids, processor)
+
+
+def tokenizer(config: Config, model_dir: Path,
+              media: tuple[MediaReader, Callable[..., list[int]]] | None = None
+              ) -> HFTokenizer:
+    """The model's tokenizer (the files vLLM reads), with its end-of-sequence ids; `media`:
+    what reads a multimodal model's media and counts its prompts (`media_reader`)."""
     hf = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
     eos = {hf.eos_token_id} if hf.eos_token_id is not None else set()
     try:
@@ -89,7 +120,12 @@ def tokenizer(config: Config, model_dir: Path) -> HFTokenizer:
     except OSError:  # no generation_config.json
         generation = None
     eos |= {generation} if isinstance(generation, int) else set(generation or ())
-    return HFTokenizer(hf, eos, chat_template_text(config))
+    if media is not None and not getattr(hf, "chat_template", None):
+        from transformers import AutoProcessor  # a VLM's template may be its processor's
+
+        hf.chat_template = AutoProcessor.from_pretrained(model_dir).chat_template
+    reader, counted = media if media is not None else (None, None)
+    return HFTokenizer(hf, eos, chat_template_text(config), reader, counted)
 
 
 def _check_device(config: Config) -> None:

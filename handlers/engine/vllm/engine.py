@@ -88,7 +88,13 @@ class VllmEngine:
         if request.adapter is not None and request.adapter not in self._loras:
             raise RequestValidationError("adapter", f"no LoRA adapter {request.adapter!r} is "
                                          f"served (adapters: {', '.join(self.adapters) or 'none'})")
+        if request.media and self.tokenizer.media is None:
+            raise RequestValidationError("messages", "this model is text-only; media content "
+                                         "is not supported")
+        if request.media and params.truncate is not None:
+            raise RequestValidationError("truncate", "a prompt with media cannot be truncated")
         # Ids a client gave are checked against the vocabulary by the driver (engine/limits.py).
+        # With media, vLLM's processor expands each placeholder into the media's tokens.
         ids = prompt_ids(request, self.tokenizer, self.max_model_len)
         self.sampling_params(request)  # vLLM's own checks, before admission
         if params.structured is not None:
@@ -114,8 +120,7 @@ class VllmEngine:
             raise EngineFailure("the vLLM engine is not running")
         rid = request.request_id
         mapper = OutputMapper(request, self.tokenizer.hf, self._special)
-        stream = self.llm.generate(TokensPrompt(prompt_token_ids=request.prompt_token_ids),
-                                   self.sampling_params(request), rid,
+        stream = self.llm.generate(vllm_prompt(request), self.sampling_params(request), rid,
                                    lora_request=self._lora(request), priority=request.priority)
         self._running[rid] = False
         if request.adapter is not None:
@@ -257,6 +262,19 @@ class VllmEngine:
 # vLLM's sampling field -> ours, to name what a refusal is about in the request's terms.
 _OURS = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
          "stop": "stop_sequences", "logprobs": "top_logprobs", "prompt_logprobs": "top_logprobs"}
+
+
+def vllm_prompt(request: GenerationRequest) -> TokensPrompt:
+    """The request as vLLM's prompt: its tokens, and its media as vLLM's multimodal inputs
+    (PIL images, videos' frames, (samples, rate) audio), which vLLM's own processor for the
+    model encodes and puts in place of the placeholders."""
+    prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids or [])
+    if request.media:
+        data: dict[str, list[Any]] = {}
+        for item in request.media:
+            data.setdefault(item.kind, []).append(item.data)
+        prompt["multi_modal_data"] = data
+    return prompt
 
 
 def _field_named(message: str, kwargs: dict[str, Any]) -> str:

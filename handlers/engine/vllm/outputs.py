@@ -59,7 +59,8 @@ class OutputMapper:
                      for copy in _copies(self._sequence(seq), self.copies)]
         prompt = self._prompt_logprobs(out) if first else None
         return RequestOutput(request_id=self.request.request_id, outputs=sequences,
-                             prompt_token_count=len(self.request.prompt_token_ids or ()),
+                             prompt_token_count=len(out.prompt_token_ids
+                                                    or self.request.prompt_token_ids or ()),
                              metrics=metrics, finished=out.finished, prompt_logprobs=prompt)
 
     def _sequence(self, seq: Any) -> SequenceOutput:

@@ -26,6 +26,7 @@ from handlers.protocols.anthropic.render import MessageContext
 from handlers.protocols.anthropic.requests import (
     AnthropicTool,
     CountTokensRequest,
+    MediaBlockParam,
     MessageParam,
     MessagesRequest,
     TextBlockParam,
@@ -41,7 +42,7 @@ from handlers.protocols.anthropic.requests import (
 from handlers.protocols.bodies import parse_body
 from handlers.protocols.chat.answer import PLAIN, ChatFormat, ChatOptions, think_first
 from handlers.protocols.chat.params import chat_sampling_params
-from handlers.protocols.chat.prompt import render_chat_prompt
+from handlers.protocols.chat.prompt import media_prompt_ids, render_chat_prompt
 from handlers.protocols.chat.requests import MAX_STOP_CHARS, ChatCompletionRequest
 from handlers.protocols.chat.structured import structured_output
 
@@ -69,7 +70,8 @@ def prepare_messages(body: Any, tokenizer: Tokenizer, model: str,
     # The stop sequence stays in the engine's text so the answer can say which one matched;
     # the rendering cuts it off, as Anthropic never returns it.
     params.include_stop_str_in_output = True
-    gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
+    gen = GenerationRequest(prompt=prompt.text, params=params, adapter=adapter,
+                            **prompt.request_media())
     budget = request.thinking.budget_tokens \
         if isinstance(request.thinking, ThinkingEnabled) else None
     with in_anthropic_terms():
@@ -88,11 +90,18 @@ def count_tokens(body: Any, tokenizer: Tokenizer, model: str, max_model_len: int
     request, _ = _parse(CountTokensRequest, body, model, adapters)  # adapters share it
     with in_anthropic_terms():
         prompt = render_chat_prompt(tokenizer, chat_request(request))
-    if (fewest := fewest_tokens(prompt, tokenizer.token_bound)) >= max_model_len:
-        raise _too_long(f"at least {fewest}", max_model_len)
-    if (count := len(tokenizer.encode(prompt))) >= max_model_len:
+        # With media, the model's processor counts them.
+        count = len(media_prompt_ids(tokenizer, prompt)) if prompt.media \
+            else _text_tokens(prompt.text, tokenizer, max_model_len)
+    if count >= max_model_len:
         raise _too_long(str(count), max_model_len)
     return {"input_tokens": count}
+
+
+def _text_tokens(text: str, tokenizer: Tokenizer, max_model_len: int) -> int:
+    if (fewest := fewest_tokens(text, tokenizer.token_bound)) >= max_model_len:
+        raise _too_long(f"at least {fewest}", max_model_len)
+    return len(tokenizer.encode(text))
 
 
 def _too_long(tokens: str, max_model_len: int) -> AnthropicError:
@@ -198,6 +207,8 @@ def _converted(message: MessageParam, where: str) -> list[dict[str, Any]]:
             continue  # earlier thinking: not part of a later turn's prompt
         if isinstance(block, TextBlockParam):
             texts.append(block.model_dump())
+        elif isinstance(block, MediaBlockParam):  # an image: chat's image_url part
+            texts.append(_image_part(block, f"{where}.content.{j}"))
         elif isinstance(block, ToolUseBlockParam):
             arguments = json.dumps(block.input, ensure_ascii=False)
             calls.append({"id": block.id, "type": "function",
@@ -213,11 +224,31 @@ def _converted(message: MessageParam, where: str) -> list[dict[str, Any]]:
     return out + [{"role": "user", "content": texts}] if texts or not out else out
 
 
+def _image_part(block: MediaBlockParam, where: str) -> dict[str, Any]:
+    """An image block as chat's `image_url` part: a base64 source as a data: URL."""
+    source = block.source or {}
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        media_type = source.get("media_type")
+        if media_type not in IMAGE_TYPES:
+            raise AnthropicError(f"{where}.source.media_type: one of {', '.join(IMAGE_TYPES)}")
+        url = f"data:{media_type};base64,{source['data']}"
+    elif source.get("type") == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise AnthropicError(f"{where}.source: a base64 source (media_type, data) or a url "
+                             "source (url)")
+    return {"type": "image_url", "image_url": {"url": url}, "_where": where, "_type": "image"}
+
+
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
 def _check_block(block: Any, role: str, where: str) -> None:
     kind = block.type
-    if kind in ("image", "document"):
-        raise AnthropicError(f"{where}.type: this model is text-only; {kind} content is not "
-                             "supported")
+    if kind == "document":
+        raise AnthropicError(f"{where}.type: document content is not supported")
+    if kind == "image" and role != "user":
+        raise AnthropicError(f"{where}.type: image blocks belong in user messages")
     owner = {"tool_use": "assistant", "tool_result": "user"}.get(kind, role)
     if owner != role:
         raise AnthropicError(f"{where}.type: {kind} blocks belong in {owner} messages")

@@ -43,6 +43,7 @@ class ToolResultBlockParam(_Lenient):
 
 class MediaBlockParam(_Lenient):
     type: Literal["image", "document"]
+    source: dict[str, Any] | None = None
 
 
 class ThinkingBlockParam(_Lenient):

@@ -1,8 +1,9 @@
 """Chat messages -> the prompt text, through the model's own chat template.
 
 Roles: system (only as the first message; OpenAI's `developer` is its alias), user, assistant,
-tool (which must carry `tool_call_id`). Content is a string or a list of text parts; image,
-video, audio and file parts are refused (400): the served model reads text only.
+tool (which must carry `tool_call_id`). Content is a string or a list of parts: text, and for
+a multimodal model (its tokenizer has a `media` reader) `image_url`, `input_audio`, `video_url`
+and `audio_url` (chat_media.py reads them); a text-only model refuses media parts (400).
 
 Tools are offered through the template's `tools` argument when the template renders them; a
 template that ignores them (SmolLM2's does) gets them in the system message instead, in the
@@ -12,6 +13,7 @@ format `tool_calls.TOOL_PROMPT` documents, and past assistant tool calls as that
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
@@ -19,27 +21,54 @@ import jinja2.meta
 
 from handlers.engine.base import Tokenizer
 from handlers.protocols.chat import tool_calls
+from handlers.protocols.chat.chat_media import MEDIA_PARTS, MediaParts, PendingMedia
 from handlers.protocols.chat.errors import OpenAIError
 from handlers.protocols.chat.requests import ChatCompletionRequest, ChatMessage
 
-MEDIA_PARTS = frozenset({"image_url", "input_image", "image", "video_url", "video", "audio_url",
-                         "input_audio", "audio", "file"})
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    text: str
+    media: PendingMedia | None = None  # in the order of their placeholders in `text`
+
+    def request_media(self) -> dict[str, Any]:
+        """A GenerationRequest's media fields: the parts the server reads before validation."""
+        return {} if self.media is None else {"pending_media": self.media.read}
 
 
-def render_chat_prompt(tokenizer: Tokenizer, request: ChatCompletionRequest) -> str:
+def media_prompt_ids(tokenizer: Tokenizer, prompt: ChatPrompt) -> list[int]:
+    """A prompt with media as the model's processor tokenizes it, its media's tokens counted
+    (the media read here: /tokenize and count_tokens)."""
+    assert prompt.media is not None
+    items = prompt.media.read_here()
+    try:
+        return tokenizer.encode_media_prompt(prompt.text, items)
+    except (ValueError, TypeError) as exc:
+        raise OpenAIError(f"messages: the model's processor refused the media: {exc}",
+                          "messages", code="invalid_value") from None
+
+
+def render_chat_prompt(tokenizer: Tokenizer, request: ChatCompletionRequest) -> ChatPrompt:
+    """The prompt of a conversation; media parts checked and counted where the model takes them
+    (read later: `ChatPrompt.media`)."""
     tools = offered_tools(request)
     template = _template(tokenizer, tools)
     uses = template_variables(template)
     knows_calls = "tool_calls" in template
-    messages = [_message(m, i, knows_calls) for i, m in enumerate(request.messages)]
+    media = MediaParts(tokenizer.media)
+    messages = [_message(m, i, knows_calls, media) for i, m in enumerate(request.messages)]
     if tools and "tools" not in uses:
         messages = tool_calls.with_tool_prompt(messages, tools)
+    pending = media.pending()
+    if media.reader is not None:  # multimodal templates read content as a list of parts
+        messages = [{**m, "content": _parts(m["content"])} for m in messages]
     try:
-        return tokenizer.render_chat(template, messages, tools=tools if "tools" in uses else None,
+        text = tokenizer.render_chat(template, messages, tools=tools if "tools" in uses else None,
                                      variables=_variables(request), **_prompt_end(request))
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         raise OpenAIError(f"messages: the model's chat template cannot render them: {exc}",
                           "messages") from None
+    return ChatPrompt(text, pending)
 
 
 # What the rendering itself passes: chat_template_kwargs cannot set them.
@@ -100,7 +129,8 @@ def template_variables(template: str) -> frozenset[str]:
         return frozenset(name for name in ("tools",) if name in template)
 
 
-def _message(message: ChatMessage, index: int, template_has_tool_calls: bool) -> dict[str, Any]:
+def _message(message: ChatMessage, index: int, template_has_tool_calls: bool,
+             media: MediaParts) -> dict[str, Any]:
     where = f"messages[{index}]"
     role = "system" if message.role == "developer" else message.role
     if role == "system" and index > 0:
@@ -112,7 +142,8 @@ def _message(message: ChatMessage, index: int, template_has_tool_calls: bool) ->
     if message.content is None and not (role == "assistant" and message.tool_calls):
         raise OpenAIError(f"{where}.content: required for a {message.role} message",
                           f"{where}.content", code="missing_required_parameter")
-    out: dict[str, Any] = {"role": role, "content": content_text(message.content, where)}
+    out: dict[str, Any] = {"role": role, "content": media.content(message.content, where, role)
+                           if media.reader else content_text(message.content, where)}
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
     if message.name:
@@ -126,16 +157,21 @@ def _message(message: ChatMessage, index: int, template_has_tool_calls: bool) ->
     return out
 
 
+def _parts(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return content if isinstance(content, list) else [{"type": "text", "text": content}]
+
+
 def content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
     """A message's text: the string, or its text parts joined by newlines."""
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
     for j, part in enumerate(content):
-        param = f"{where}.content[{j}]"
+        param = part.get("_where") or f"{where}.content[{j}]"
         kind = part.get("type")
         if isinstance(kind, str) and kind in MEDIA_PARTS:
-            raise OpenAIError(f"{param}.type: this model is text-only; {kind} content is not "
+            label = part.get("_type") or kind
+            raise OpenAIError(f"{param}.type: this model is text-only; {label} content is not "
                               "supported", f"{param}.type", code="invalid_value")
         if kind != "text":
             raise OpenAIError(f"{param}.type: must be 'text' (got {kind!r})", f"{param}.type",

@@ -56,7 +56,8 @@ def prepare_chat(body: Any, tokenizer: Tokenizer, model: str, fmt: ChatFormat,
     params = chat_sampling_params(request, structured_output(request))
     options = ChatOptions.for_request(request, fmt)
     think_first(params, options, request.thinking_token_budget, "thinking_token_budget")
-    gen = GenerationRequest(prompt=prompt, params=params, adapter=adapter)
+    gen = GenerationRequest(prompt=prompt.text, params=params, adapter=adapter,
+                            **prompt.request_media())
     context = ResponseContext(f"chatcmpl-{gen.request_id}", int(time.time()), adapter or model,
                               token_text_of(tokenizer))
     return ChatJob(request, gen, context, options)

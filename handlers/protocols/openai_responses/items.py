@@ -4,8 +4,9 @@
   (joined in order): chat templates take a system message first only, and a conversation
   continued with `previous_response_id` may carry system messages of earlier turns.
 - user and assistant messages keep their role; their content is a string or text parts
-  (`input_text`, `output_text`, `refusal`); images, files and audio are refused (the model
-  reads text only).
+  (`input_text`, `output_text`, `refusal`), and in user messages `input_image` and
+  `input_audio`, handed to chat as `image_url` and `input_audio` parts (a text-only model
+  refuses them there); files are refused.
 - `function_call` items become the assistant's tool calls (joined onto the assistant message
   they follow), and `function_call_output` items tool messages, each answering an earlier call.
 - `reasoning` items (a reasoning model's earlier thinking, given back or stored) are dropped
@@ -43,6 +44,10 @@ def chat_messages(instructions: str | None, items: Sequence[Item], first_new: in
     for i, item in enumerate(items):
         where = f"input[{i - first_new}]"
         if isinstance(item, MessageItem):
+            if item.role == "user" and _has_media(item.content):
+                messages.append({"role": "user",
+                                 "content": chat_parts(item.content, f"{where}.content")})
+                continue
             text = content_text(item.content, f"{where}.content")
             if item.role in ("system", "developer"):
                 system.append(text)
@@ -85,6 +90,34 @@ def _unsupported_item(item: OtherInputItem, where: str) -> OpenAIError:
         "only message, function_call and function_call_output items are supported"
     return OpenAIError(f"{where}.type: {item.type!r} items are not supported: {what}",
                        f"{where}.type", code="unsupported_value")
+
+
+def _has_media(content: str | list[InputContentPart]) -> bool:
+    return not isinstance(content, str) and any(p.type in CHAT_MEDIA for p in content)
+
+
+CHAT_MEDIA = frozenset({"input_image", "input_audio"})
+
+
+def chat_parts(content: list[InputContentPart], param: str) -> list[dict[str, Any]]:
+    """A user message's parts as chat's: text, `image_url`, `input_audio` (each `_where`
+    naming the part here)."""
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if part.type == "input_image":
+            if part.image_url is None:
+                raise OpenAIError(f"{where}.image_url: required (file_id is not supported: "
+                                  "this server stores no files)", f"{where}.image_url",
+                                  code="missing_required_parameter")
+            parts.append({"type": "image_url", "image_url": {"url": part.image_url},
+                          "_where": where, "_type": part.type})
+        elif part.type == "input_audio":
+            parts.append({"type": "input_audio", "input_audio": part.input_audio,
+                          "_where": where, "_type": part.type})
+        else:
+            parts.append({"type": "text", "text": _part_text(part, where), "_where": where})
+    return parts
 
 
 def content_text(content: str | list[InputContentPart], param: str) -> str:

@@ -28,7 +28,7 @@ from handlers.protocols.chat.answer import (
 from handlers.protocols.chat.errors import OpenAIError, check_model, from_validation_error
 from handlers.protocols.chat.logprobs import token_text_of
 from handlers.protocols.chat.params import chat_sampling_params
-from handlers.protocols.chat.prompt import render_chat_prompt
+from handlers.protocols.chat.prompt import ChatPrompt, render_chat_prompt
 from handlers.protocols.chat.requests import ChatCompletionRequest
 from handlers.protocols.chat.structured import structured_output
 from handlers.protocols.openai_responses.items import Item, chat_messages
@@ -79,7 +79,9 @@ def prepare_response(body: Any, tokenizer: Tokenizer, model: str, history: Histo
     chat = _chat_request(request, chat_messages(request.instructions, items, len(past),
                                                 reasons))
     params = chat_sampling_params(chat, _structured(chat))
-    gen = GenerationRequest(prompt=_prompt(tokenizer, chat), params=params, adapter=adapter)
+    prompt = _prompt(tokenizer, chat)
+    gen = GenerationRequest(prompt=prompt.text, params=params, adapter=adapter,
+                            **prompt.request_media())
     ctx = ResponseContext(f"resp_{gen.request_id}", int(time.time()), adapter or model,
                           token_text_of(tokenizer))
     chat_options = ChatOptions.for_request(chat, dataclasses.replace(fmt, full_text=False))
@@ -147,11 +149,12 @@ def _structured(chat: ResponsesChat) -> StructuredOutput | None:
     return dataclasses.replace(spec, param=param)
 
 
-def _prompt(tokenizer: Tokenizer, chat: ResponsesChat) -> str:
+def _prompt(tokenizer: Tokenizer, chat: ResponsesChat) -> ChatPrompt:
     try:
         return render_chat_prompt(tokenizer, chat)
     except OpenAIError as exc:  # chat names its messages; here they came from `input`
-        raise OpenAIError(exc.message.replace("messages", "input", 1), "input",
+        param = exc.param if (exc.param or "").startswith("input") else "input"
+        raise OpenAIError(exc.message.replace("messages", "input", 1), param,
                           code=exc.code) from None
 
 

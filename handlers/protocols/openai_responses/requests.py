@@ -38,11 +38,17 @@ class _Lenient(BaseModel):
 
 
 class InputContentPart(_Lenient):
-    """`input_text` / `output_text` (`text`) or `refusal`; other kinds are refused in `items`."""
+    """`input_text` / `output_text` (`text`), `refusal`, `input_image` (`image_url`: a URL or
+    a data: URL; `file_id` is refused) or `input_audio` (`data`, `format`); others are refused
+    in `items`."""
 
     type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+    input_audio: dict[str, Any] | None = None
 
 
 class MessageItem(_Lenient):
