@@ -314,11 +314,13 @@ print(json.dumps({"runnable": graph_target.runnable(), "jobs": jobs, "complete":
     all((pathlib.Path(j["directory"]) / f"{g}.pt2").exists() for g in j["graphs"])
     for j in jobs]}))
 """
-# The decode-graph compile processes running in a container (decode_graphs.py starts them).
+# The decode-graph compile processes running in a container (decode_graphs.py starts them),
+# this one (whose command line names them too) left out.
 _COMPILES_SCRIPT = """
-import pathlib
+import os, pathlib
 print(sum(b"handlers.engine.torch.decode_step" in p.read_bytes()
-          for p in pathlib.Path('/proc').glob('[0-9]*/cmdline') if p.exists()))
+          for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')
+          if p.exists() and p.parent.name != str(os.getpid())))
 """
 
 
