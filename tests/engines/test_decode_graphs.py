@@ -4,12 +4,18 @@ eager step's tokens and logits at one row and at several, and its constants are 
 beside the code, and mapped; in bfloat16 one graph serves every row count and gives a row the
 same logits whatever the count; a second start loads the cached packages without compiling; a
 compile that fails leaves the eager step serving; and a server with the default
-option.enforce_eager=false decodes through the graphs and answers as an eager one does."""
+option.enforce_eager=false decodes through the graphs and answers as an eager one does.
+
+Graphs compiled ahead (graphs_ahead.py, the image's build step) for the best x86-64 level this CPU
+runs target that level's instruction sets, not this CPU's; they are found and loaded at start,
+by the engine and by a server, with no compile process started and nothing written to the
+writable cache; on a CPU lacking that level they are not used."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,9 +29,10 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import running_server
 
+from handlers.engine import native_build
 from handlers.engine.loop.runner import PrefillChunk
-from handlers.engine.machine import has_native_bf16
-from handlers.engine.torch import quant_linear
+from handlers.engine.machine import cpu_flags, has_native_bf16
+from handlers.engine.torch import decode_graphs, decode_step, graph_target, quant_linear
 from handlers.engine.torch.decode_graphs import DecodeGraphs, watch_compile
 from handlers.engine.torch.decode_step import graph_specs
 from handlers.engine.torch.graph_constants import SUFFIX
@@ -233,3 +240,127 @@ def test_a_compile_that_left_every_graph_is_reaped_once_it_exits(tmp_path):
     assert process.returncode == 0  # waited for: its exit status was collected
     with pytest.raises(ChildProcessError):
         os.waitpid(process.pid, os.WNOHANG)  # no child of that pid is left to reap
+
+
+# --- graphs compiled ahead (an image's build step) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built_ahead(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """graphs_ahead run as the Dockerfile runs it, for the tiny model and the best level this
+    CPU runs: (the level, the folder it built into)."""
+    levels = graph_target.runnable()
+    if not levels:
+        pytest.skip("this CPU runs no x86-64 level graphs are built ahead for")
+    image = tmp_path_factory.mktemp("image")
+    env = {**os.environ, "LMI_CACHE_DIR": str(tmp_path_factory.mktemp("build-cache"))}
+    subprocess.run([sys.executable, "-m", "handlers.engine.torch.graphs_ahead", "--into",
+                    str(image), "--levels", levels[0], "--option", f"option.model_id={tiny_dir}",
+                    "--option", "option.embedding_model_id=none"],
+                   check=True, timeout=COMPILE_WAIT_S, env=env)
+    return levels[0], image
+
+
+@pytest.fixture()
+def spawned(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Every decode-graph compile process started from here on."""
+    started: list[list[str]] = []
+    real = subprocess.Popen
+
+    def popen(argv, *args, **kwargs):
+        if decode_step.__name__ in argv:
+            started.append(list(argv))
+        return real(argv, *args, **kwargs)
+
+    monkeypatch.setattr(decode_graphs.subprocess, "Popen", popen)
+    return started
+
+
+def test_graphs_built_ahead_target_their_level_not_this_cpu(built_ahead):
+    """Every C++ file of the packages was compiled with the level's -march and vector ISA:
+    none with -march=native, or an ISA no CPU of the level has (AVX512-BF16, AMX), though
+    inductor picks those on a CPU that has them."""
+    level, image = built_ahead
+    commands = []
+    for package in image.rglob("*.pt2"):
+        with zipfile.ZipFile(package) as archive:
+            for name in (n for n in archive.namelist() if n.endswith(".cpp")):
+                text = archive.read(name).decode()
+                commands += re.findall(r"^// g\+\+ .*$", text, flags=re.MULTILINE)
+    assert commands
+    capability = "AVX2" if level == "x86-64-v3" else "AVX512"
+    for command in commands:
+        assert f"-march={level} " in command and "native" not in command
+        assert "bf16" not in command and "amx" not in command
+        assert f"CPU_CAPABILITY_{capability} " in command
+
+
+def test_graphs_built_ahead_for_this_cpus_level_load_at_start_without_compiling(
+        tiny_dir, built_ahead, tmp_path, spawned, caplog):
+    level, image = built_ahead
+    loaded = fresh(tiny_dir)
+    with caplog.at_level(logging.INFO, logger="handlers.engine.torch.decode_graphs"):
+        graphs = DecodeGraphs.for_model(loaded, SLOTS, loaded.max_model_len, tmp_path / "cache",
+                                        prebuilt_dir=image)
+        graphs.start()
+        assert graphs.ready.wait(COMPILE_WAIT_S)
+    assert graphs.counts() == {"decode_graphs_ready": 2, "decode_graphs_total": 2}
+    assert graphs.directory.parent.parent == image
+    assert spawned == []  # no compile process
+    assert not (tmp_path / "cache").exists()  # nothing compiled into the writable cache
+    assert f"decode graphs compiled ahead for {level} found in {graphs.directory}" in caplog.text
+    assert sum("loaded in" in r.message for r in caplog.records) == 2
+    assert "compiling" not in caplog.text
+    eager = ModelRunner(fresh(tiny_dir).model, SLOTS, loaded.max_model_len)
+    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs)
+    for runner in (eager, fast):
+        runner.prefill([PrefillChunk(0, list(range(5, 20)), 0)])
+    tokens, lengths = [19], [15]
+    for _ in range(10):
+        want, got = eager.decode(tokens, lengths), fast.decode(tokens, lengths)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        tokens, lengths = want.argmax(-1).tolist(), [lengths[0] + 1]
+
+
+def test_graphs_built_ahead_for_a_level_this_cpu_lacks_are_not_used(
+        tiny_dir, built_ahead, tmp_path, spawned, caplog, monkeypatch):
+    """This CPU without the level's instruction sets (and so every level above it): the image's
+    graphs would fault on it, so the engine compiles its own, into the writable cache."""
+    level, image = built_ahead
+    lacking = " ".join(set(cpu_flags().split()) - native_build.LEVELS[level])
+    monkeypatch.setattr(native_build, "cpu_flags", lambda: lacking)
+    assert level not in graph_target.runnable()
+    loaded = fresh(tiny_dir)
+    with caplog.at_level(logging.INFO, logger="handlers.engine.torch.decode_graphs"):
+        graphs = DecodeGraphs.for_model(loaded, SLOTS, loaded.max_model_len, tmp_path / "cache",
+                                        prebuilt_dir=image)
+        assert graphs.directory.parent == tmp_path / "cache" / "decode-graphs"
+        assert graphs._job["target"] != level
+        graphs._job["source"] = str(tmp_path / "gone")  # its compile fails at once
+        graphs.start()
+        assert graphs.ready.wait(COMPILE_WAIT_S)
+    assert graphs.counts()["decode_graphs_ready"] == 0
+    assert "loaded in" not in caplog.text  # not the image's
+    assert len(spawned) == 1 and "compiling decode graphs" in caplog.text
+    assert f"no decode graphs compiled ahead in {image}" in caplog.text
+
+
+def test_a_server_finds_the_graphs_built_ahead_and_compiles_nothing(tiny_dir, built_ahead,
+                                                                    tmp_path):
+    """As a container starts: $LMI_PREBUILT_GRAPHS holds the image's graphs, the writable cache
+    is empty."""
+    level, image = built_ahead
+    cache = tmp_path / "cache"
+    env = {"LMI_CACHE_DIR": str(cache), "LMI_PREBUILT_GRAPHS": str(image),
+           "OPTION_ENFORCE_EAGER": "false"}
+    server = (f"option.model_id={tiny_dir}", "option.embedding_model_id=none",
+              "option.dtype=fp32")
+    with running_server(*server, env=env, log_path=tmp_path / "server.log") as url:
+        deadline = time.monotonic() + COMPILE_WAIT_S  # loading them: seconds
+        while metric(url, "lmi_decode_graphs_ready") != 2:
+            assert time.monotonic() < deadline, "the graphs built ahead were not loaded"
+            time.sleep(0.5)
+        assert completion(url)
+    log = (tmp_path / "server.log").read_text()
+    assert f"decode graphs compiled ahead for {level} found in {image}" in log
+    assert "compiling" not in log and not (cache / "decode-graphs").exists()

@@ -9,11 +9,15 @@ per-op Python: measured 24 vs 42 ms per one-row step, 66 vs 94 at 16 rows.
 Compiling takes minutes (each GEMM candidate is C++ compiled and timed), and compiling in the
 server's own process starved its serving of the GIL (eager steps 8-80x slower meanwhile). So a
 niced subprocess exports the step (`torch.export`, rows and lengths dynamic) and packages it with
-AOTInductor into the cache directory (decode_step.py), keyed by the weights, torch, the CPU and
-the code compiled; the server serves eagerly until a package appears, then loads it and decodes
-through it. A restart finds the packages and loads them in about a second. Two graphs: one row
-(the GEMV shape autotuned for itself) and 2..slots rows; their constants are mapped from files
-beside them (graph_constants.py).
+AOTInductor into the cache directory (decode_step.py), keyed by the weights, torch, the CPU
+level it targets (graph_target.py) and the code compiled; the server serves eagerly until a
+package appears, then loads it and decodes through it. A restart finds the packages and loads
+them in about a second. Two graphs: one row (the GEMV shape autotuned for itself) and 2..slots
+rows; their constants are mapped from files beside them (graph_constants.py).
+
+An image compiles its default model's graphs ahead, for each level (graphs_ahead.py), into a
+read-only folder ($LMI_PREBUILT_GRAPHS): a server looks there first, for the best level its CPU
+runs, and then in its writable cache, so that a container starts compiling nothing.
 """
 
 from __future__ import annotations
@@ -37,11 +41,11 @@ import psutil
 import torch
 from torch import nn
 
-from handlers.engine.machine import cpu_flags
 from handlers.engine.torch import (
     decode_step,
     graph_constants,
     graph_runner,
+    graph_target,
     invariant_attention,
 )
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
@@ -54,10 +58,11 @@ log = logging.getLogger(__name__)
 # Free memory wanted, in weights: the subprocess's model, its frozen copy and the constants it
 # stores, then the graphs' mapped constants (the packed weights, once for both).
 MEMORY_FACTOR = 6
+PREBUILT_ENV = "LMI_PREBUILT_GRAPHS"  # a read-only folder of graphs compiled ahead (an image's)
 _EXIT_GRACE_S = 60  # how long a compile that left every graph may take to exit
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
          "invariant_attention.py", "fused_projections.py", "graph_constants.py",
-         "quant_linear.py", "quant_linear.cpp")
+         "quant_linear.py", "quant_linear.cpp", "graph_target.py")
 Graph = Callable[..., torch.Tensor]
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -77,20 +82,29 @@ class DecodeGraphs:
 
     @staticmethod
     def for_model(loaded: LoadedModel, num_slots: int, max_len: int,
-                  cache_dir: Path | None = None) -> DecodeGraphs | None:
+                  cache_dir: Path | None = None,
+                  prebuilt_dir: Path | None = None) -> DecodeGraphs | None:
         """The graphs for `loaded` (before its linears are repacked), or None, logged, where
-        they do not apply."""
+        they do not apply: compiled ahead in `prebuilt_dir` (default: $LMI_PREBUILT_GRAPHS) for
+        a level this CPU runs, else in `cache_dir`'s (compiled there when missing)."""
         why_not = _not_applicable(loaded)
         if why_not:
             log.info("decode step runs eagerly: %s", why_not)
             return None
-        job = {"source": loaded.source, "dtype": _DTYPES[loaded.dtype],
-               "max_model_len": loaded.max_model_len, "num_slots": num_slots, "max_len": max_len,
-               "quantize": loaded.quantize_mode}
-        key = _key(loaded.model, job)
-        directory = (cache_dir or default_cache_dir()) / "decode-graphs" / key
-        return DecodeGraphs(directory, job, graph_specs(num_slots, job["dtype"],
-                                                        job["quantize"]))
+        job = job_for(loaded, num_slots, max_len)
+        specs = graph_specs(num_slots, job["dtype"], job["quantize"])
+        weights = weights_digest(loaded.model, job)
+        found = _prebuilt(prebuilt_dir or prebuilt_root(), weights, specs, job["dtype"])
+        if found is not None:
+            level, directory = found
+            log.info("decode graphs compiled ahead for %s found in %s: nothing to compile",
+                     level, directory)
+            return DecodeGraphs(directory, {**job, "target": level}, specs)
+        target = graph_target.for_compile(job["dtype"])
+        directory = (cache_dir or default_cache_dir()) / "decode-graphs" / _key(weights, target)
+        log.info("decode graphs for %s: from the writable cache, %s (compiled there where "
+                 "missing)", target, directory)
+        return DecodeGraphs(directory, {**job, "target": target}, specs)
 
     def start(self) -> None:
         """Load the graphs from the cache, or compile them beside the server (once)."""
@@ -204,6 +218,42 @@ def _remove_extracted() -> None:
         shutil.rmtree(extracted, ignore_errors=True)
 
 
+def job_for(loaded: LoadedModel, num_slots: int, max_len: int) -> dict:
+    """What the graphs of `loaded` are compiled from (decode_step.compile_graphs' job, less
+    its directory, graphs and target)."""
+    return {"source": loaded.source, "dtype": _DTYPES[loaded.dtype],
+            "max_model_len": loaded.max_model_len, "num_slots": num_slots, "max_len": max_len,
+            "quantize": loaded.quantize_mode}
+
+
+def prebuilt_root() -> Path | None:
+    """$LMI_PREBUILT_GRAPHS (where an image keeps the graphs it compiled ahead), or None."""
+    value = os.environ.get(PREBUILT_ENV)
+    return Path(value) if value else None
+
+
+def prebuilt_directory(root: Path, weights: hashlib._Hash, level: str) -> Path:
+    return root / "decode-graphs" / _key(weights, level)
+
+
+def _prebuilt(root: Path | None, weights: hashlib._Hash, specs: list[GraphSpec],
+              dtype: str) -> tuple[str, Path] | None:
+    """The best level this CPU runs whose every graph `root` holds, and their folder. Levels
+    the CPU lacks are never looked at: their code would fault on it."""
+    if root is None or dtype != "fp32":  # bf16 graphs are this CPU's own (graph_target.py)
+        return None
+    if not root.is_dir():
+        log.warning("%s=%s is not a folder: no decode graphs compiled ahead", PREBUILT_ENV, root)
+        return None
+    for level in graph_target.runnable():
+        directory = prebuilt_directory(root, weights, level)
+        if all((directory / f"{spec.name}.pt2").exists() for spec in specs):
+            return level, directory
+    log.info("no decode graphs compiled ahead in %s for this model and CPU (levels %s)", root,
+             ", ".join(graph_target.runnable()) or "none")
+    return None
+
+
 def _not_applicable(loaded: LoadedModel) -> str | None:
     if loaded.device.type != "cpu" or loaded.dtype not in _DTYPES:
         return (f"compiled only for float32 and bfloat16 on the CPU (here {loaded.dtype} on "
@@ -218,12 +268,18 @@ def _not_applicable(loaded: LoadedModel) -> str | None:
     return None
 
 
-def _key(model: nn.Module, job: dict) -> str:
-    """What a package depends on: the weights (each tensor's name, shape, dtype and the CRC-32
-    of its bytes), the job, torch, the CPU's instruction sets, and the code it was traced from."""
+def _key(weights: hashlib._Hash, target: str) -> str:
+    """A package's key: `weights` (weights_digest) and the CPU level, or the CPU, it targets."""
+    digest = weights.copy()
+    digest.update(graph_target.key_part(target).encode())
+    return digest.hexdigest()[:24]
+
+
+def weights_digest(model: nn.Module, job: dict) -> hashlib._Hash:
+    """What a package depends on but its target: the weights (each tensor's name, shape, dtype
+    and the CRC-32 of its bytes), the job, torch, and the code it was traced from."""
     digest = hashlib.sha256(json.dumps({**job, "source": None}, sort_keys=True).encode())
-    for part in (torch.__version__, cpu_flags(), *(Path(__file__).with_name(n).read_bytes()
-                                             for n in _CODE)):
+    for part in (torch.__version__, *(Path(__file__).with_name(n).read_bytes() for n in _CODE)):
         digest.update(part if isinstance(part, bytes) else part.encode())
     tensors = model.state_dict()
     # zlib releases the GIL: two threads take ~0.045 s over SmolLM2's 0.27 GB of bf16 (a float
@@ -232,7 +288,7 @@ def _key(model: nn.Module, job: dict) -> str:
         crcs = pool.map(_crc32, tensors.values())
         for (name, tensor), crc in zip(tensors.items(), crcs, strict=True):
             digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}{crc}".encode())
-    return digest.hexdigest()[:24]
+    return digest
 
 
 def _crc32(tensor: torch.Tensor) -> int:

@@ -7,7 +7,8 @@ in a file of their own. The packages' cache key hashes this file, so what change
 code changes the key.
 
 Run as `python -m handlers.engine.torch.decode_step JOB` (JSON): loads the model as the server
-did, compiles the graphs the job names into its directory, one at a time, each appearing whole.
+did, compiles the graphs the job names into its directory, one at a time, each appearing whole,
+for the CPU level (or the CPU) the job's target names (graph_target.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from handlers.engine.machine import settle_vector_math
-from handlers.engine.torch import graph_constants
+from handlers.engine.torch import graph_constants, graph_target
 from handlers.engine.torch.attention import cpu_cache_dtype
 from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.llama_stack import LlamaStack
@@ -148,16 +149,19 @@ def compile_graphs(job: dict) -> None:
         config = loaded.model.config
         heads = getattr(config, "num_key_value_heads", config.num_attention_heads)
         layers = (config.num_hidden_layers, heads, step.stack.head_dim)
-        for spec in wanted:
-            _package(step, spec, job, layers, directory)
+        with graph_target.pinned(job["target"]) as targeted:
+            for spec in wanted:
+                _package(step, spec, job, layers, directory, targeted)
 
 
 def _package(step: DecodeStep, spec: GraphSpec, job: dict, layers: tuple[int, int, int],
-             directory: Path) -> None:
+             directory: Path, targeted: dict) -> None:
+    """`spec`'s graph packaged into `directory`; `targeted`: inductor's settings for the CPU
+    level it targets (graph_target.py)."""
     began = time.perf_counter()
     program = export_step(step, spec, job["num_slots"], job["max_len"], layers)
     partial = directory / f"{spec.name}.partial.pt2"
-    inductor = INDUCTOR[job["dtype"]]
+    inductor = {**INDUCTOR[job["dtype"]], **targeted}
     packaging = PACKAGING if job["dtype"] == "fp32" else {}
     with torch._inductor.config.patch(inductor):
         torch._inductor.aoti_compile_and_package(program, package_path=str(partial),
