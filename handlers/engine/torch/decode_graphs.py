@@ -43,6 +43,7 @@ from handlers.engine.torch import (
     graph_constants,
     graph_runner,
     invariant_attention,
+    kv_dtype,
 )
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
 from handlers.engine.torch.llama_model import is_llama
@@ -57,7 +58,7 @@ MEMORY_FACTOR = 6
 _EXIT_GRACE_S = 60  # how long a compile that left every graph may take to exit
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
          "invariant_attention.py", "fused_projections.py", "graph_constants.py",
-         "quant_linear.py", "quant_linear.cpp")
+         "quant_linear.py", "quant_linear.cpp", "kv_dtype.py", "invariant_attention.cpp")
 Graph = Callable[..., torch.Tensor]
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -77,16 +78,19 @@ class DecodeGraphs:
 
     @staticmethod
     def for_model(loaded: LoadedModel, num_slots: int, max_len: int,
-                  cache_dir: Path | None = None) -> DecodeGraphs | None:
-        """The graphs for `loaded` (before its linears are repacked), or None, logged, where
-        they do not apply."""
+                  cache_dir: Path | None = None,
+                  kv_cache_dtype: str = "auto") -> DecodeGraphs | None:
+        """The graphs for `loaded` (before its linears are repacked) over a KV cache of
+        option.kv_cache_dtype's dtype, or None, logged, where they do not apply."""
         why_not = _not_applicable(loaded)
         if why_not:
             log.info("decode step runs eagerly: %s", why_not)
             return None
         job = {"source": loaded.source, "dtype": _DTYPES[loaded.dtype],
                "max_model_len": loaded.max_model_len, "num_slots": num_slots, "max_len": max_len,
-               "quantize": loaded.quantize_mode}
+               "quantize": loaded.quantize_mode,
+               # the cache's dtype as chosen (part of the key: the graphs read and write it)
+               "kv_cache_dtype": kv_dtype.name(kv_dtype.choose(kv_cache_dtype, loaded.dtype)[0])}
         key = _key(loaded.model, job)
         directory = (cache_dir or default_cache_dir()) / "decode-graphs" / key
         return DecodeGraphs(directory, job, graph_specs(num_slots, job["dtype"],
