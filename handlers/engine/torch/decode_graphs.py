@@ -69,6 +69,7 @@ class DecodeGraphs:
 
     def __init__(self, directory: Path, job: dict, specs: list[GraphSpec]) -> None:
         self.directory, self._job, self._specs = directory, job, specs
+        self.kv_dtype = kv_dtype.DTYPES[job["kv_cache_dtype"]]  # the cache they read and write
         self._graphs: dict[str, Graph] = {}
         self._constants = graph_constants.ConstantStore(directory)
         self._process: subprocess.Popen | None = None

@@ -35,6 +35,9 @@ class ModelRunner:
     def __init__(self, model: nn.Module, num_slots: int, max_len: int,
                  graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
                  cuda_graphs: bool = False, kv_dtype: torch.dtype = torch.float32) -> None:
+        if graphs is not None and graphs.kv_dtype != kv_dtype:
+            raise ValueError(f"decode graphs over a {graphs.kv_dtype} KV cache cannot serve a "
+                             f"{kv_dtype} one")
         self.model = model
         self.graphs = graphs  # compiled decode steps, used for the row counts they have
         self.lora = lora  # LoRA adapters, applied to the rows whose slots use one
