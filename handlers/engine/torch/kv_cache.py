@@ -128,10 +128,6 @@ class SlotKVCache:
         return k, v
 
     @property
-    def dtype(self) -> torch.dtype:
-        return self.keys[0].dtype
-
-    @property
     def bytes_per_token(self) -> int:
         """Keys and values of one position, every layer."""
         k = self.keys[0]
