@@ -35,6 +35,8 @@ class ModelRunner:
     def __init__(self, model: nn.Module, num_slots: int, max_len: int,
                  graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
                  cuda_graphs: bool = False, kv_dtype: torch.dtype = torch.float32) -> None:
+        """`kv_dtype`: what the KV cache stores (TorchEngine resolves option.kv_cache_dtype:
+        kv_dtype.py); `graphs` must have been compiled for it."""
         if graphs is not None and graphs.kv_dtype != kv_dtype:
             raise ValueError(f"decode graphs over a {graphs.kv_dtype} KV cache cannot serve a "
                              f"{kv_dtype} one")
