@@ -1,19 +1,22 @@
-"""What the torch engine's quantized linears cost in accuracy, on the embedded SmolLM2: perplexity
-on a fixed text (`bench/accuracy_text.md`, written for this) and greedy agreement with float32 on
-the benchmark's 32 prompts, 64 tokens each.
+"""What the torch engine's quantized linears and narrower KV caches cost in accuracy, on the
+embedded SmolLM2: perplexity on a fixed text (`bench/accuracy_text.md`, written for this) and
+greedy agreement with float32 on the benchmark's 32 prompts, 64 tokens each.
 
     .venv/bin/python -m bench.accuracy [--tokens 64] [--window 512] [--out DIR]
+                                       [--variants float32,kv-float16,...]
 
-Four ways to serve the same weights, each through the engine's own model runner (its fused and
-quantized linears, its attention kernel):
+Ways to serve the same weights, each through the engine's own model runner (its fused and
+quantized linears, its attention kernel), computing in float32:
 
 - `float32`: the GGUF's blocks dequantized to float (the float checkpoint it was made from is not
-  on this machine: this is the float model the others are held against);
+  on this machine: this is the float model the others are held against), float32 KV cache;
 - `int8`, `int4`: that float checkpoint quantized at load (`option.quantize=int8` / `int4`);
-- `gguf`: the GGUF's own Q4_1 / Q8_0 blocks, what `auto` serves.
+- `gguf`: the GGUF's own Q4_1 / Q8_0 blocks, what `option.quantize=auto` serves;
+- `kv-float16`, `kv-bfloat16`, `kv-fp8`, `kv-fp8_e5m2`: the float model over a KV cache of that
+  `option.kv_cache_dtype` (`kv-float16` is what `auto` stores under a float32 model).
 
-Every path quantizes each input row to int8 in groups of 32 too (quant_linear.py). Prints a
-table; writes `<out>/accuracy-<time>.json` and `.png`.
+The quantized paths quantize each input row to int8 in groups of 32 too (quant_linear.py).
+Prints a table; writes `<out>/accuracy-<time>.json` and `.png`.
 """
 
 from __future__ import annotations
@@ -30,18 +33,21 @@ from bench.report import RESULTS, figure, format_table, progress, write_json
 from handlers.engine.gguf.cache import cached_gguf_dir
 from handlers.engine.loop.runner import PrefillChunk
 from handlers.engine.machine import settle_vector_math
+from handlers.engine.torch.kv_dtype import DTYPES
 from handlers.engine.torch.loader import LoadedModel, load_model
 from handlers.engine.torch.model_runner import ModelRunner
 from handlers.model_source import default_model_path
 
 TEXT = Path(__file__).with_name("accuracy_text.md")
-# name -> (served from the GGUF itself, option.quantize)
-VARIANTS = {"float32": (False, "none"), "int8": (False, "int8"), "int4": (False, "int4"),
-            "gguf": (True, "auto")}
+# name -> (served from the GGUF itself, option.quantize, option.kv_cache_dtype)
+VARIANTS = {"float32": (False, "none", "float32"), "int8": (False, "int8", "float32"),
+            "int4": (False, "int4", "float32"), "gguf": (True, "auto", "float32"),
+            "kv-float16": (False, "none", "float16"), "kv-bfloat16": (False, "none", "bfloat16"),
+            "kv-fp8": (False, "none", "fp8"), "kv-fp8_e5m2": (False, "none", "fp8_e5m2")}
 
 
 def load(variant: str) -> LoadedModel:
-    from_gguf, quantize = VARIANTS[variant]
+    from_gguf, quantize, _ = VARIANTS[variant]
     gguf = default_model_path()
     source = gguf if from_gguf else cached_gguf_dir(gguf)
     return load_model(source, dtype="fp32", device="cpu", quantize=quantize)
@@ -89,33 +95,36 @@ def agreement(answers: list[list[int]], reference: list[list[int]]) -> dict[str,
             "common_prefix": prefix / sum(len(r) for r in reference)}
 
 
-def measure(tokens: int, window: int) -> dict[str, dict]:
+def measure(tokens: int, window: int, variants: list[str] | None = None) -> dict[str, dict]:
+    """Each variant's numbers (`variants`: VARIANTS' names, float32 first; all by default)."""
     settle_vector_math()  # as a server does first: else the rotary table's cos varies by start
+    variants = ["float32", *(v for v in variants or VARIANTS if v != "float32")]
     results: dict[str, dict] = {}
     reference: list[list[int]] | None = None
-    with progress(len(VARIANTS), unit="variant") as bar:
-        for variant in VARIANTS:
+    with progress(len(variants), unit="variant") as bar:
+        for variant in variants:
             loaded = load(variant)
             tokenizer = loaded.tokenizer
             prompts = [tokenizer.encode(chat_prompt(q)) for q in QUESTIONS]
-            runner = ModelRunner(loaded.model, len(prompts), 1024)
+            kv = VARIANTS[variant][2]
+            runner = ModelRunner(loaded.model, len(prompts), 1024, kv_dtype=DTYPES[kv])
             ids = tokenizer.encode(TEXT.read_text())
             answers = greedy(runner, prompts, tokens)
             reference = reference or answers
             results[variant] = {"perplexity": perplexity(runner, ids, window),
-                                "linears": loaded.quantize, "text_tokens": len(ids),
-                                **agreement(answers, reference)}
+                                "linears": loaded.quantize, "kv_cache": kv,
+                                "text_tokens": len(ids), **agreement(answers, reference)}
             bar.update()
     return results
 
 
 def table(results: dict[str, dict]) -> str:
     base = results["float32"]["perplexity"]
-    rows = [(name, r["linears"], f"{r['perplexity']:.3f}", f"{r['perplexity'] / base - 1:+.2%}",
-             f"{r['identical']:.0%}", f"{r['common_prefix']:.0%}")
-            for name, r in results.items()]
-    return format_table(("path", "linears", "perplexity", "vs float32", "answers identical",
-                         "tokens before a difference"), rows, markdown=True)
+    rows = [(name, r["linears"], r["kv_cache"], f"{r['perplexity']:.3f}",
+             f"{r['perplexity'] / base - 1:+.2%}", f"{r['identical']:.0%}",
+             f"{r['common_prefix']:.0%}") for name, r in results.items()]
+    return format_table(("path", "linears", "KV cache", "perplexity", "vs float32",
+                         "answers identical", "tokens before a difference"), rows, markdown=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,8 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated, of: " + ", ".join(VARIANTS))
     args = parser.parse_args(argv)
-    results = measure(args.tokens, args.window)
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants: {', '.join(sorted(unknown))}")
+    results = measure(args.tokens, args.window, variants)
     print(table(results))
     stem = args.out / f"accuracy-{time.strftime('%Y%m%d-%H%M%S')}"
     meta = {"tokens": args.tokens, "window": args.window, "prompts": len(QUESTIONS),
@@ -134,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         names = list(results)
         ax.bar(names, [results[n]["perplexity"] for n in names], color="tab:blue")
         ax.set_ylabel("perplexity (lower is better)")
-        ax.set_title("Embedded SmolLM2: perplexity by linear-layer path")
+        ax.set_title("Embedded SmolLM2: perplexity by linear-layer path and KV cache")
     return 0
 
 

@@ -44,6 +44,13 @@ _DTYPE = values.choice(
     "auto", "fp32", "fp16", "bf16",
     aliases={"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"},
 )
+# vLLM's names (its `kv_cache_dtype`), and float32 (the torch engine's cache before it stored
+# 16 bits); which an engine takes is the registry's question (EngineEntry.choices).
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+_KV_CACHE_DTYPE = values.choice(
+    *KV_CACHE_DTYPES, aliases={"fp32": "float32", "fp16": "float16", "half": "float16",
+                               "bf16": "bfloat16"},
+)
 _FORMATTER = values.choice("json", "jsonlines", "sse")
 # vLLM's names of the reasoning parsers the chat protocols apply (protocols/chat/reasoning.py).
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "granite")
@@ -143,6 +150,8 @@ SETTINGS: tuple[Setting, ...] = (
             engine=True),
     Setting("option.dtype", "dtype", _DTYPE, "auto", engine=True),
     Setting("option.max_model_len", "max_model_len", values.optional_integer, None, engine=True),
+    # The KV cache's element type (auto: 16 bits; the engine says which and why at startup).
+    Setting("option.kv_cache_dtype", "kv_cache_dtype", _KV_CACHE_DTYPE, "auto", engine=True),
     Setting("option.device", "device", values.device, "auto", engine=True),
     Setting("option.quantize", "quantize", values.text, None, engine=True),
     Setting("option.trust_remote_code", "trust_remote_code", values.boolean, False, engine=True),

@@ -109,6 +109,7 @@ class Config:
     pipeline_parallel_degree: int
     dtype: str  # auto | fp32 | fp16 | bf16
     max_model_len: int | None  # None: the model's own context length
+    kv_cache_dtype: str  # auto | float32 | float16 | bfloat16 | fp8 | fp8_e4m3 | fp8_e5m2
     device: str  # auto | cpu | cuda | cuda:N
     quantize: str | None
     trust_remote_code: bool

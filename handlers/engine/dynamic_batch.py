@@ -116,6 +116,10 @@ class DynamicBatcher:
         return self.inner.quantization
 
     @property
+    def kv_cache_dtype(self) -> str | None:
+        return getattr(self.inner, "kv_cache_dtype", None)
+
+    @property
     def adapters(self) -> tuple[str, ...]:
         return self.inner.adapters
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from handlers.config import SETTINGS, Config, ConfigError, Setting
-from handlers.config.keys import unknown_key
+from handlers.config.keys import BY_KEY, unknown_key
 from handlers.engine.base import Embedder, EngineBuild
 from handlers.engine.dynamic_batch import DynamicBatcher
 from handlers.engine.machine import settle_vector_math
@@ -41,9 +41,15 @@ class EngineEntry:
 
 # option.quantize on the torch engine (handlers/engine/torch/quantization.py says what each does)
 TORCH_QUANTIZE = ("auto", "none", "int8", "int4", "gguf")
+# option.kv_cache_dtype: llama.cpp has no float8 cache, its nearest is q8_0 (`fp8` asks for an
+# 8-bit cache; the named float8 formats it cannot store); vLLM keeps no float32 cache (and
+# checks the rest against its own list: vllm/args.py).
+LLAMACPP_KV = ("auto", "float32", "float16", "bfloat16", "fp8")
+VLLM_KV = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 _ROLLING = frozenset({"option.max_rolling_batch_size", "option.max_rolling_batch_prefill_tokens",
                       "option.enable_chunked_prefill", "option.max_model_len"})
-_HF = frozenset({"option.dtype", "option.device", "option.trust_remote_code"})
+_HF = frozenset({"option.dtype", "option.device", "option.trust_remote_code",
+                 "option.kv_cache_dtype"})
 _SUPERVISED = frozenset({"option.engine_restart", "option.engine_stall_timeout"})
 _LORA = frozenset({"option.lora_modules", "option.enable_lora", "option.max_loras",
                    "option.max_lora_rank"})
@@ -67,13 +73,16 @@ ENGINES = {
     # vLLM's own. Any AsyncEngineArgs field may be given by name (option.<field>).
     "vllm": EngineEntry("vllm", "handlers.engine.vllm.build",
                         _ROLLING | _HF | _GPU | _LORA | _MEDIA | _SUPERVISED,
-                        arguments="handlers.engine.vllm.args:vllm_fields", package="vllm"),
+                        arguments="handlers.engine.vllm.args:vllm_fields", package="vllm",
+                        choices=(("option.kv_cache_dtype", VLLM_KV),)),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
     # It compiles nothing: option.enforce_eager=true asks it for what it does.
     "llamacpp": EngineEntry("llamacpp", "handlers.engine.llamacpp.build",
                             _ROLLING | _SUPERVISED | {"option.device",
-                                                      "option.enable_prefix_caching"},
-                            inherent=frozenset({("enforce_eager", True)})),
+                                                      "option.enable_prefix_caching",
+                                                      "option.kv_cache_dtype"},
+                            inherent=frozenset({("enforce_eager", True)}),
+                            choices=(("option.kv_cache_dtype", LLAMACPP_KV),)),
 }
 # The embedding model's (`build(config, files) -> Embedder`), on the generation model's device;
 # an embeddings-only server refuses every engine setting (config/effects.py).
@@ -96,6 +105,8 @@ def auto_engine(config: Config) -> tuple[str, str]:
         return "torch", "the model runs on a GPU"
     given = [s.key for s in SETTINGS if s.engine and s.key not in ENGINES["llamacpp"].supports
              and _departs(config, s, ENGINES["llamacpp"])]
+    given += [f"{key}={value}" for key, values in ENGINES["llamacpp"].choices
+              if (value := str(getattr(config, BY_KEY[key].field))).lower() not in values]
     if given:
         return "torch", f"set: {', '.join(given)}, which only the torch engine supports"
     if config.adapters:

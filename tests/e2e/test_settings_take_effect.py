@@ -15,10 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from server_process import free_port
 
 from handlers import cli
-from handlers.config import check_effects, load_config, parse_args
+from handlers.config import check_effects, config_lines, load_config, parse_args
 from handlers.engine import registry
 from handlers.protocols.chat.prompt import render_chat_prompt
 from handlers.protocols.openai.parse import parse_chat_request
@@ -125,6 +126,8 @@ def test_environment_variables_are_checked_the_same_way(tmp_path, monkeypatch, e
      "server's companion embedding model"),
     (("option.task=text-embedding", "option.max_client_batch_size=8"),
      "option.max_client_batch_size=8 (command line) would have no effect"),
+    (("option.task=text-embedding", "option.kv_cache_dtype=fp8"),
+     "option.kv_cache_dtype=fp8 (command line) would have no effect: it shapes text generation"),
     (("option.enable_stateful_sessions=false", "option.max_sessions_per_client=5"),
      "option.max_sessions_per_client=5 (command line) would have no effect: it bounds stateful "
      "sessions, and option.enable_stateful_sessions=false"),
@@ -154,6 +157,7 @@ def test_a_chat_template_that_is_neither_a_file_nor_jinja_stops_startup(tmp_path
     ("option.rolling_batch=disable", "max_batch_delay=20", "option.enable_streaming=true"),
     ("option.enable_chunked_prefill=false", "option.predict_timeout=30"),
     ("option.model_loading_timeout=600", "job_queue_size=8"),
+    ("option.kv_cache_dtype=fp8_e5m2",), ("option.kv_cache_dtype=float32",),
 ])
 def test_values_that_mean_the_default_or_take_effect_are_accepted(tmp_path, options):
     assert passes_checks(tmp_path, *options)
@@ -210,6 +214,24 @@ async def test_without_option_chat_template_the_models_own_renders_it(tiny_dir):
     rendered = render_chat_prompt(engine.tokenizer, parse_chat_request({"messages": HELLO}))
     assert rendered.startswith("<|im_start|>") and "[user]" not in rendered
     assert await chat_prompt_tokens(engine) == len(engine.tokenizer.encode(rendered))
+
+
+async def test_option_kv_cache_dtype_is_what_the_cache_stores_and_get_config_shows_it(tiny_dir):
+    argv = ["--model-dir", str(tiny_dir), "--option", "option.embedding_model_id=none",
+            "--option", "option.enforce_eager=true", "--option", "option.kv_cache_dtype=fp8"]
+    config = load_config(parse_args(argv), env={})
+    engine = registry.build(config).engine
+    cache = engine.batcher.runner.cache
+    assert {b.dtype for b in cache.keys + cache.values} == {torch.float8_e4m3fn}
+    settings = ServerSettings(engine.model_name, configuration=tuple(config_lines(config)))
+    app = create_app(ServerContext(settings, Served(engine.model_name, engine)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://t") as http:
+        described = (await http.get("/config")).json()
+    assert described["kv_cache_dtype"] == "float8_e4m3fn"
+    shown = {s["key"]: s for s in described["settings"]}["option.kv_cache_dtype"]
+    assert (shown["value"], shown["source"]) == ("fp8", "command line")
+    assert await chat_prompt_tokens(engine) > 0  # and it answers
 
 
 def test_a_load_past_model_loading_timeout_stops_startup(tmp_path, monkeypatch, caplog):

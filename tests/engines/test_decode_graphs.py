@@ -72,8 +72,11 @@ def compiled(tiny_dir: Path, cache_dir: Path) -> tuple[LoadedModel, DecodeGraphs
 @pytest.mark.parametrize("rows", [1, 3])
 def test_the_compiled_step_gives_the_eager_steps_tokens_and_logits(tiny_dir, compiled, rows):
     loaded, graphs = compiled
-    eager = ModelRunner(fresh(tiny_dir).model, SLOTS, loaded.max_model_len)
-    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs)
+    assert graphs.kv_dtype == torch.float16  # option.kv_cache_dtype=auto under float32
+    eager = ModelRunner(fresh(tiny_dir).model, SLOTS, loaded.max_model_len,
+                        kv_dtype=torch.float16)
+    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs,
+                       kv_dtype=torch.float16)
     assert graphs.for_rows(rows) is not None
     prompts = [list(range(5 + row, 20 + 7 * row)) for row in range(rows)]
     for runner in (eager, fast):
@@ -112,10 +115,18 @@ def test_the_constants_are_stored_once_beside_the_code_and_mapped(compiled):
     assert all(str(p) in mapped for p, s in zip(paths, stores, strict=True) if s["tensors"])
 
 
-def test_other_weights_or_batch_slots_get_graphs_of_their_own(tiny_dir, cache_dir):
+def test_other_weights_batch_slots_or_kv_dtypes_get_graphs_of_their_own(tiny_dir, cache_dir):
     loaded = fresh(tiny_dir)
     directory = DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir).directory
     assert DecodeGraphs.for_model(loaded, 8, 512, cache_dir).directory != directory
+    assert DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir,
+                                  kv_cache_dtype="float16").directory == directory  # auto's
+    others = {DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir, kv_cache_dtype=kv).directory
+              for kv in ("float32", "bfloat16", "fp8", "fp8_e5m2")}
+    assert len(others) == 4 and directory not in others
+    with pytest.raises(ValueError, match="decode graphs over a torch.float16 KV cache"):
+        ModelRunner(loaded.model, SLOTS, 512, DecodeGraphs.for_model(loaded, SLOTS, 512,
+                                                                     cache_dir))
     with torch.no_grad():
         loaded.model.model.norm.weight[0] += 1
     assert DecodeGraphs.for_model(loaded, SLOTS, 512, cache_dir).directory != directory
@@ -136,8 +147,10 @@ def test_in_bfloat16_one_graph_gives_a_row_the_same_logits_whatever_the_row_coun
     loaded = fresh(tiny_dir, "bf16")
     graphs = started(loaded, cache_dir)
     assert graphs.counts() == {"decode_graphs_ready": 1, "decode_graphs_total": 1}
-    eager = ModelRunner(fresh(tiny_dir, "bf16").model, SLOTS, loaded.max_model_len)
-    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs)
+    eager = ModelRunner(fresh(tiny_dir, "bf16").model, SLOTS, loaded.max_model_len,
+                        kv_dtype=torch.bfloat16)
+    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs,
+                       kv_dtype=graphs.kv_dtype)
     prompts = [list(range(5 + row, 20 + 7 * row)) for row in range(8)]
     for runner in (eager, fast):
         runner.prefill([PrefillChunk(slot, ids, 0) for slot, ids in enumerate(prompts)])
@@ -164,9 +177,10 @@ def test_on_quantized_linears_one_graph_gives_a_row_the_eager_steps_logits_in_an
     loaded = load_model(tiny_dir, dtype="fp32", device="cpu", quantize="int4")
     graphs = started(loaded, cache_dir)
     assert graphs.counts() == {"decode_graphs_ready": 1, "decode_graphs_total": 1}
-    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs)
+    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs,
+                       kv_dtype=graphs.kv_dtype)
     eager = ModelRunner(load_model(tiny_dir, dtype="fp32", device="cpu", quantize="int4").model,
-                        SLOTS, loaded.max_model_len)
+                        SLOTS, loaded.max_model_len, kv_dtype=graphs.kv_dtype)
     prompts = [list(range(5 + row, 20 + 7 * row)) for row in range(8)]
     for runner in (fast, eager):
         runner.prefill([PrefillChunk(slot, ids, 0) for slot, ids in enumerate(prompts)])
@@ -190,7 +204,7 @@ def test_a_compile_that_fails_leaves_the_eager_step_serving(tiny_dir, tmp_path, 
         assert graphs.ready.wait(COMPILE_WAIT_S)
     assert graphs.counts()["decode_graphs_ready"] == 0
     assert "were not compiled (exit code 1" in caplog.text
-    runner = ModelRunner(loaded.model, 4, loaded.max_model_len, graphs)
+    runner = ModelRunner(loaded.model, 4, loaded.max_model_len, graphs, kv_dtype=graphs.kv_dtype)
     runner.prefill([PrefillChunk(0, [5, 6, 7], 0)])
     assert runner.decode([8], [3]).shape == (1, runner.vocab_size)
 

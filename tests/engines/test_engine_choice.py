@@ -68,6 +68,13 @@ def test_auto_runs_torch_otherwise(tmp_path, llama_cpp_installed, monkeypatch):
     assert registry.auto_engine(config(tmp_path))[0] == "torch"
 
 
+def test_auto_runs_torch_for_a_kv_cache_llama_cpp_cannot_store(tmp_path, llama_cpp_installed):
+    chosen = config(tmp_path, "option.kv_cache_dtype=fp8_e5m2")
+    assert registry.auto_engine(chosen) == (
+        "torch", "set: option.kv_cache_dtype=fp8_e5m2, which only the torch engine supports")
+    assert registry.auto_engine(config(tmp_path, "option.kv_cache_dtype=fp8"))[0] == "llamacpp"
+
+
 def test_auto_runs_torch_without_llama_cpp(tmp_path, llama_cpp_missing):
     assert registry.auto_engine(config(tmp_path)) == (
         "torch", "llama-cpp-python is not installed (the `llamacpp` extra)")
@@ -83,7 +90,9 @@ def test_llamacpp_without_llama_cpp_stops_startup(tmp_path, llama_cpp_missing):
                                     "option.max_model_len=1024", "option.engine_restart=false",
                                     "option.engine_stall_timeout=30", "option.device=cpu",
                                     "option.enable_chunked_prefill=false",
-                                    "option.enforce_eager=true"])  # it compiles nothing
+                                    "option.enforce_eager=true",  # it compiles nothing
+                                    "option.kv_cache_dtype=fp8", "option.kv_cache_dtype=bf16",
+                                    "option.kv_cache_dtype=float32"])
 def test_llamacpp_takes_its_settings(tmp_path, llama_cpp_installed, option):
     assert registry.check(config(tmp_path, "option.rolling_batch=llamacpp", option)).name == \
         "llamacpp"
@@ -95,6 +104,9 @@ def test_llamacpp_takes_its_settings(tmp_path, llama_cpp_installed, option):
     ("option.trust_remote_code=true", "is not supported by the llamacpp engine"),
     ("option.quantize=awq", "is not supported by the llamacpp engine"),
     ("option.device=cuda", "the llamacpp engine runs on the CPU only"),
+    ("option.kv_cache_dtype=fp8_e4m3", "option.kv_cache_dtype=fp8_e4m3 (command line) is not "
+                                       "supported by the llamacpp engine, which takes auto, "
+                                       "float32, float16, bfloat16, fp8"),
 ])
 def test_llamacpp_refuses_other_settings(tmp_path, llama_cpp_installed, option, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

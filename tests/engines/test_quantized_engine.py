@@ -112,7 +112,7 @@ def test_the_quantized_paths_keep_the_embedded_models_perplexity():
     """int8 within 1% of float32, the GGUF's 4-bit blocks and 4 bits at load within 2% of the
     GGUF's own perplexity (its blocks dequantized: the float model here); float32 against
     itself agrees in every answer (the reference is deterministic)."""
-    results = accuracy.measure(tokens=64, window=512)
+    results = accuracy.measure(tokens=64, window=512, variants=["int8", "int4", "gguf"])
     base = results["float32"]["perplexity"]
     assert results["float32"]["identical"] == 1.0
     assert results["int8"]["perplexity"] <= base * 1.01

@@ -492,9 +492,9 @@ def test_each_request_gets_the_models_own_answer_whatever_the_schedule(reference
                               req.params.max_new_tokens)
 
 
-# Room for ~200 of the tiny model's tokens: the session's ~105 and the other prompts' ~210
-# cannot all stay.
-@pytest.mark.parametrize("engine", [{"prefix_cache_bytes": 200 * 512}], indirect=True)
+# Room for ~200 of the tiny model's tokens (256 bytes each in its float16 cache): the session's
+# ~105 and the other prompts' ~210 cannot all stay.
+@pytest.mark.parametrize("engine", [{"prefix_cache_bytes": 200 * 256}], indirect=True)
 async def test_a_sessions_next_turn_prefills_only_what_is_new(reference, engine, loaded):
     """A stateful session's turn pins its whole conversation (prompt and answer): the next turn,
     which repeats it and adds a question, finds all of it cached although a stream of other

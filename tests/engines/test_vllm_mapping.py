@@ -27,6 +27,8 @@ FIELDS: dict[str, Any] = {
     Literal["fcfs", "priority"], "compilation_config": dict, "hf_overrides": dict[str, Any],
     "tokenizer_mode": Literal["auto", "hf"] | str, "swap_space": float, "quantization":
     str | None, "max_model_len": int, "enable_lora": bool, "max_loras": int,
+    "kv_cache_dtype": Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
+                              "fp8_ds_mla"],
 }
 
 
@@ -73,6 +75,27 @@ def test_quantize_none_asks_vllm_for_no_quantization(tmp_path):
     `quantization` argument, which vLLM would refuse as an unknown method."""
     assert "quantization" not in kwargs(tmp_path, "option.quantize=none")
     assert kwargs(tmp_path, "option.quantize=fp8")["quantization"] == "fp8"
+
+
+def test_kv_cache_dtype_is_vllms_own(tmp_path):
+    assert "kv_cache_dtype" not in kwargs(tmp_path)  # auto: vLLM's default, the model's dtype
+    assert kwargs(tmp_path, "option.kv_cache_dtype=fp8")["kv_cache_dtype"] == "fp8"
+    assert kwargs(tmp_path, "option.kv_cache_dtype=bf16")["kv_cache_dtype"] == "bfloat16"
+    # a value of ours that this vLLM's field does not list stops startup naming the key
+    with pytest.raises(ConfigError, match=r"option.kv_cache_dtype=float16 \(command line\) "
+                       "is not a KV cache dtype of this vLLM, which takes auto, bfloat16"):
+        kwargs(tmp_path, "option.kv_cache_dtype=float16")
+    given_by_name = config(tmp_path, "option.rolling_batch=vllm", "option.kv_cache_dtype=fp8")
+    assert "kv_cache_dtype" not in given_by_name.engine_args  # one key, one setting
+
+
+def test_vllm_refuses_a_float32_kv_cache(tmp_path, vllm_installed):
+    with pytest.raises(ConfigError, match="option.kv_cache_dtype=float32 .* not supported by "
+                       "the vllm engine, which takes auto, float16, bfloat16, fp8"):
+        registry.check(config(tmp_path, "option.rolling_batch=vllm",
+                              "option.kv_cache_dtype=fp32"))
+    assert registry.check(config(tmp_path, "option.rolling_batch=vllm",
+                                 "option.kv_cache_dtype=fp8_e5m2")).name == "vllm"
 
 
 def test_tensor_parallel_max_is_every_gpu(tmp_path):

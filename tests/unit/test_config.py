@@ -339,6 +339,10 @@ def test_booleans_ignore_case(tmp_path, text, value):
         ("max_dynamic_batch_size=1", "batch_size", 1),
         ("option.max_num_batched_tokens=1024", "max_rolling_batch_prefill_tokens", 1024),
         ("option.entrypoint=model.py", "entry_point", "model.py"),
+        ("option.kv_cache_dtype=FP8_E4M3", "kv_cache_dtype", "fp8_e4m3"),
+        ("option.kv_cache_dtype=fp16", "kv_cache_dtype", "float16"),
+        ("option.kv_cache_dtype=bf16", "kv_cache_dtype", "bfloat16"),
+        ("option.kv_cache_dtype=float32", "kv_cache_dtype", "float32"),
     ],
 )
 def test_values_and_djl_spellings(tmp_path, line, field, value):
@@ -354,6 +358,8 @@ def test_values_and_djl_spellings(tmp_path, line, field, value):
         ("max_batch_delay=-5", "max_batch_delay='-5'.*integer >= 0"),
         ("option.rolling_batch=trtllm", "option.rolling_batch='trtllm'.*auto, disable"),
         ("option.dtype=int4", "option.dtype='int4'.*fp32"),
+        ("option.kv_cache_dtype=int4", "option.kv_cache_dtype='int4'.*auto, float32, float16, "
+                                       "bfloat16, fp8, fp8_e4m3, fp8_e5m2"),
         ("option.gpu_memory_utilization=1.5", r"option.gpu_memory_utilization='1.5'.*\(0, 1\]"),
         ("option.tensor_parallel_degree=some", "option.tensor_parallel_degree='some'"),
     ],
@@ -478,6 +484,7 @@ def test_defaults_and_a_source_for_every_field(tmp_path):
         1,
     )
     assert (config.max_batch_delay, config.job_queue_size, config.dtype) == (100, 1000, "auto")
+    assert config.kv_cache_dtype == "auto"
     assert config.max_rolling_batch_prefill_tokens == 512 and config.tgi_compat is False
     # Engine arguments by name and LoRA adapters carry a source each.
     fields = {f.name for f in dataclasses.fields(Config)} - {"sources", "ignored", "engine_args",

@@ -29,7 +29,10 @@ def _sdpa(q, k, v, counts):
     return out.transpose(1, 2)
 
 
-@pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
+CACHES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("width", [1, 7, 40])
 @pytest.mark.parametrize("size", [64, 40, 96, 128])  # whole 64s, a part of 16 left, 16s, 256
 def test_it_gives_sdpas_answer_over_grouped_heads(cache, width, size):
@@ -72,7 +75,7 @@ def test_a_query_sees_nothing_past_its_count():
     assert slot_attention(q, k, v, torch.tensor([[0]]), 0.25).abs().sum() == 0
 
 
-@pytest.mark.parametrize("cache", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache", CACHES)
 @pytest.mark.parametrize("size", [64, 80])  # decoding's own path for the sums; the general one
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # of the queries
 def test_a_querys_result_does_not_depend_on_the_rest_of_its_pass(cache, size, dtype):
@@ -115,17 +118,18 @@ _OTHER_BUILD = textwrap.dedent("""
 @pytest.mark.parametrize("march", ["cascadelake", "x86-64-v3"])
 def test_the_avx512_and_avx2_builds_give_the_same_bits(march, tmp_path):
     """An image's prebuilt AVX-512 and AVX2 levels against this CPU's own build, float32
-    queries over float32 and bf16 caches: decoding's passes and prefills (head sizes of whole
-    64s, and of 16s and 8s left over). AVX2's registers hold half a vector and take their own
-    code, which adds each lane's products and folds in the same order. (Plain x86-64 has no
-    FMA, so its products round before they are added; bf16 queries over a bf16 cache take
-    AVX512-BF16's pairs where the CPU has them.)"""
+    queries over float32, bf16, float16 and float8 caches: decoding's passes and prefills (head
+    sizes of whole 64s, and of 16s and 8s left over). AVX2's registers hold half a vector and
+    take their own code, which adds each lane's products and folds in the same order; float16
+    is widened by F16C there, by AVX-512's conversion here. (Plain x86-64 has no FMA, so its
+    products round before they are added; bf16 queries over a bf16 cache take AVX512-BF16's
+    pairs where the CPU has them.)"""
     if march not in native_build.runnable_levels():
         pytest.skip(f"this CPU does not run {march}")
     library = native_build.build_level(invariant_attention.SOURCE, march)
     torch.manual_seed(4)
     passes = []
-    for cache in (torch.float32, torch.bfloat16):
+    for cache in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn):
         k, v = (torch.randn(5, 3, 300, 64).to(cache) for _ in range(2))
         passes.append((torch.randn(5, 9, 1, 64), k, v, torch.randint(1, 301, (5, 1))))
         for size in (64, 80, 40):
@@ -139,7 +143,9 @@ def test_the_avx512_and_avx2_builds_give_the_same_bits(march, tmp_path):
         assert torch.equal(theirs, slot_attention(*p, 0.125))
 
 
-def test_without_a_compiler_attention_stays_on_sdpa_over_a_float32_cache(monkeypatch, caplog):
+def test_without_a_compiler_attention_stays_on_sdpa_in_float32(monkeypatch, caplog):
+    """SDPA then reads any cache widened to float32: a float16 cache's answer is SDPA's over the
+    same values in float32."""
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     monkeypatch.setenv("LMI_CACHE_DIR", "/nonexistent-cache")
     invariant_attention.available.cache_clear()
@@ -147,15 +153,17 @@ def test_without_a_compiler_attention_stays_on_sdpa_over_a_float32_cache(monkeyp
         with caplog.at_level(logging.WARNING):
             assert not invariant_attention.available()
         assert "could not be built" in caplog.text and "SDPA" in caplog.text
-        assert attention.cpu_cache_dtype(torch.bfloat16) == torch.float32
         q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
         counts = torch.tensor([[6, 7, 8]])
         mask = torch.where(torch.arange(8)[None, None, :] < counts[:, :, None], 0.0, MIN)[:, None]
-        out, _ = attention.slot_cache_attention(None, q, k, v, mask, scaling=0.25, counts=counts)
-        expected = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25,
-                                                enable_gqa=True).transpose(1, 2)
-        assert torch.equal(out, expected)
+        for cache in (torch.float32, torch.float16, torch.float8_e4m3fn):
+            k16, v16 = k.to(cache), v.to(cache)
+            out, _ = attention.slot_cache_attention(None, q, k16, v16, mask, scaling=0.25,
+                                                    counts=counts)
+            expected = scaled_dot_product_attention(q, k16.float(), v16.float(), attn_mask=mask,
+                                                    scale=0.25, enable_gqa=True).transpose(1, 2)
+            assert torch.equal(out, expected)
     finally:
         monkeypatch.undo()
         invariant_attention.available.cache_clear()
-    assert attention.cpu_cache_dtype(torch.bfloat16) == torch.bfloat16
+    assert invariant_attention.available()

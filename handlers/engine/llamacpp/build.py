@@ -9,6 +9,7 @@ import logging
 
 from handlers.config import Config, chat_template_text
 from handlers.engine.base import EngineBuild
+from handlers.engine.llamacpp.kv_types import kv_type
 from handlers.engine.llamacpp.model import LlamaCppModel, load_model
 from handlers.engine.llamacpp.runner import LlamaCppRunner
 from handlers.engine.loop.direct import DirectStepper
@@ -34,7 +35,11 @@ def build(config: Config) -> EngineBuild:
     source = resolve_model_source(config.model_id, config.model_dir, config.revision)
     if source.suffix.lower() != ".gguf":
         raise ValueError(f"the llama.cpp engine serves GGUF files; {source} is not one")
-    model = load_model(source, name=config.model_name, max_model_len=config.max_model_len)
+    kv = kv_type(config.kv_cache_dtype)
+    model = load_model(source, name=config.model_name, max_model_len=config.max_model_len,
+                       kv_type=kv)
+    log.info("option.kv_cache_dtype=%s: llama.cpp caches keys and values in %s (%s), %d bytes "
+             "per token", config.kv_cache_dtype, kv.name, kv.why, model.kv_bytes_per_token)
     prefill = config.max_rolling_batch_prefill_tokens
     if not config.enable_chunked_prefill:  # whole prompts: a step prefills up to the context
         prefill = max(prefill, model.max_model_len)
@@ -54,6 +59,7 @@ def build(config: Config) -> EngineBuild:
                         chat_template=chat_template_text(config),
                         stall_timeout=config.engine_stall_timeout or None,
                         prefix_cache_bytes=prefix_bytes)
+    engine.kv_cache_dtype = kv.name  # GGML's name, as GET /config shows it
     return EngineBuild(engine, main_loop=engine.loop, steppable=DirectStepper(engine))
 
 

@@ -15,7 +15,9 @@ import llama_cpp
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from handlers.config import ConfigError
 from handlers.engine.gguf.cache import cached_tokenizer
+from handlers.engine.llamacpp.kv_types import F16, KVType
 from handlers.model_source import derive_model_name
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,8 @@ class LlamaCppModel:
     eos_token_ids: set[int]
     dtype: str  # the weights' GGUF type, e.g. "q4_1" (what /info reports)
     vocab_size: int
-    kv_bytes_per_token: int  # K and V in float16, every layer
+    kv_bytes_per_token: int  # K and V in `kv_type`, every layer
+    kv_type: KVType = F16  # the KV cells' GGML type (option.kv_cache_dtype)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
@@ -47,8 +50,8 @@ class LlamaCppModel:
         return "none" if self.dtype in _FLOAT_TYPES else self.dtype
 
 
-def load_model(source: Path, name: str | None = None,
-               max_model_len: int | None = None) -> LlamaCppModel:
+def load_model(source: Path, name: str | None = None, max_model_len: int | None = None,
+               kv_type: KVType = F16) -> LlamaCppModel:
     started = time.perf_counter()
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
@@ -68,7 +71,7 @@ def load_model(source: Path, name: str | None = None,
         source=str(source), max_model_len=min(max_model_len or trained, trained),
         eos_token_ids=_eos_token_ids(vocab, tokenizer), dtype=_weights_type(handle),
         vocab_size=llama_cpp.llama_vocab_n_tokens(vocab),
-        kv_bytes_per_token=_kv_bytes_per_token(handle))
+        kv_bytes_per_token=_kv_bytes_per_token(handle, kv_type), kv_type=kv_type)
     log.info("Loaded %s from %s into llama.cpp: %s weights, max_model_len=%d eos=%s in %.1f s",
              model.name, source, model.dtype, model.max_model_len, sorted(model.eos_token_ids),
              time.perf_counter() - started)
@@ -103,7 +106,11 @@ def _weights_type(handle: ctypes.c_void_p) -> str:
     return buf.value.decode().rsplit(" ", 1)[-1].lower()
 
 
-def _kv_bytes_per_token(handle: ctypes.c_void_p) -> int:
+def _kv_bytes_per_token(handle: ctypes.c_void_p, kv_type: KVType) -> int:
     head_dim = llama_cpp.llama_model_n_embd(handle) // llama_cpp.llama_model_n_head(handle)
+    if head_dim % kv_type.block:  # llama.cpp's blocks never span two heads
+        raise ConfigError(f"option.kv_cache_dtype: llama.cpp's {kv_type.name} cache packs "
+                          f"blocks of {kv_type.block} elements, which heads of {head_dim} do "
+                          "not divide into; choose float16 or bfloat16")
     kv_heads = llama_cpp.llama_model_n_head_kv(handle)
-    return 2 * llama_cpp.llama_model_n_layer(handle) * kv_heads * head_dim * 2
+    return 2 * llama_cpp.llama_model_n_layer(handle) * kv_type.bytes_for(kv_heads * head_dim)

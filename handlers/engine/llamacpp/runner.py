@@ -90,6 +90,12 @@ class LlamaCppRunner:
         # error) when a batch holds fewer: a prefill budget under the sequences' count.
         params.n_batch = params.n_ubatch = max(max_batch_tokens, params.n_seq_max)
         params.kv_unified = True
+        params.type_k = params.type_v = model.kv_type.ggml
+        if model.kv_type.quantized:  # llama.cpp reads a quantized V cache in flash attention only
+            if hasattr(params, "flash_attn_type"):
+                params.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
+            else:
+                params.flash_attn = True
         params.n_threads = params.n_threads_batch = len(os.sched_getaffinity(0))
         params.no_perf = True
         self._ctx = llama_cpp.llama_init_from_model(model.handle, params)

@@ -108,6 +108,7 @@ class LoopEngine:
         self.vocab_size = self.batcher.runner.vocab_size
 
     answer_parsing = None  # chat answers are read by the protocols' parsers
+    kv_cache_dtype: str | None = None  # the runner's KV cache dtype, where the engine says
     group_window = None  # the batcher shares its slots between client requests itself
 
     @property

@@ -5,13 +5,13 @@ Each query of a slot-cache pass sees a prefix of its slot (the sequence's positi
 pass gives attention the count of keys each query sees, and invariant_attention.py's kernel
 computes every (row, query, head) on its own: a sequence's tokens do not depend on what else is
 in the batch, in float32 or in bf16. Keys and values are read in place from the cache (grouped
-query heads included) in its dtype: a bf16 model caches bf16 keys and values, which are bf16
-already, so nothing is lost; other 16-bit models cache float32. The kernel computes in float32
-and only its output is cast back.
+query heads included) in its dtype (option.kv_cache_dtype: kv_dtype.py), widened exactly to
+float32 as they are read. The kernel computes in float32 and only its output is cast back.
 
-Where the kernel cannot be built, attention runs on torch's SDPA in float32
-(`enable_gqa`: transformers' SDPA path copies grouped KV heads whenever a mask is passed, more than
-half of a 32-row decode step), whose results drift ~1e-7 with the batch's padded length.
+Where the kernel cannot be built, attention runs on torch's SDPA in float32 over the cache
+widened to it (`enable_gqa`: transformers' SDPA path copies grouped KV heads whenever a
+mask is passed, more than half of a 32-row decode step), whose results drift ~1e-7 with the
+batch's padded length.
 """
 
 from __future__ import annotations
@@ -41,14 +41,6 @@ def visible_keys(counts: torch.Tensor) -> Iterator[None]:
         _VISIBLE.reset(token)
 
 
-def cpu_cache_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The slot cache's dtype on the CPU for a model in `dtype`: bf16 where the kernel reads it,
-    else float32 (an exact up-cast; SDPA then runs in float32). Loads the kernel: the runner
-    asks before its first pass, so no two threads race to."""
-    native = available()
-    return dtype if dtype == torch.bfloat16 and native else torch.float32
-
-
 def slot_cache_attention(module: torch.nn.Module | None, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor, attention_mask: torch.Tensor | None,
                          scaling: float | None = None, counts: torch.Tensor | None = None,
@@ -62,14 +54,17 @@ def slot_cache_attention(module: torch.nn.Module | None, query: torch.Tensor, ke
         # a model with learned biases: transformers' own path.
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        out, weights = sdpa_attention_forward(module, query.to(key.dtype), key, value,
-                                              attention_mask, scaling=scaling, **kwargs)
+        dtype = key.dtype if key.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        out, weights = sdpa_attention_forward(module, query.to(dtype), key.to(dtype),
+                                              value.to(dtype), attention_mask, scaling=scaling,
+                                              **kwargs)
         return out.to(query.dtype), weights
     if counts is not None and query.shape[-1] <= MAX_HEAD_SIZE and available():
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         return slot_attention(query, key, value, counts, scale), None
-    out = scaled_dot_product_attention(query.to(key.dtype), key, value, attn_mask=attention_mask,
-                                       scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    out = scaled_dot_product_attention(query.float(), key.float(), value.float(),
+                                       attn_mask=attention_mask, scale=scaling,
+                                       enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous().to(query.dtype), None
 
 

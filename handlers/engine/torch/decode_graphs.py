@@ -47,6 +47,7 @@ from handlers.engine.torch import (
     graph_runner,
     graph_target,
     invariant_attention,
+    kv_dtype,
 )
 from handlers.engine.torch.decode_step import GraphSpec, graph_specs
 from handlers.engine.torch.llama_model import is_llama
@@ -62,7 +63,8 @@ PREBUILT_ENV = "LMI_PREBUILT_GRAPHS"  # a read-only folder of graphs compiled ah
 _EXIT_GRACE_S = 60  # how long a compile that left every graph may take to exit
 _CODE = ("decode_step.py", "llama_stack.py", "llama_model.py", "attention.py",
          "invariant_attention.py", "fused_projections.py", "graph_constants.py",
-         "quant_linear.py", "quant_linear.cpp", "graph_target.py")
+         "quant_linear.py", "quant_linear.cpp", "graph_target.py", "kv_dtype.py",
+         "invariant_attention.cpp")
 Graph = Callable[..., torch.Tensor]
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -73,6 +75,7 @@ class DecodeGraphs:
 
     def __init__(self, directory: Path, job: dict, specs: list[GraphSpec]) -> None:
         self.directory, self._job, self._specs = directory, job, specs
+        self.kv_dtype = kv_dtype.DTYPES[job["kv_cache_dtype"]]  # the cache they read and write
         self._graphs: dict[str, Graph] = {}
         self._constants = graph_constants.ConstantStore(directory)
         self._process: subprocess.Popen | None = None
@@ -83,15 +86,17 @@ class DecodeGraphs:
     @staticmethod
     def for_model(loaded: LoadedModel, num_slots: int, max_len: int,
                   cache_dir: Path | None = None,
-                  prebuilt_dir: Path | None = None) -> DecodeGraphs | None:
-        """The graphs for `loaded` (before its linears are repacked), or None, logged, where
-        they do not apply: compiled ahead in `prebuilt_dir` (default: $LMI_PREBUILT_GRAPHS) for
-        a level this CPU runs, else in `cache_dir`'s (compiled there when missing)."""
+                  prebuilt_dir: Path | None = None,
+                  kv_cache_dtype: str = "auto") -> DecodeGraphs | None:
+        """The graphs for `loaded` (before its linears are repacked) over a KV cache of
+        option.kv_cache_dtype's dtype, or None, logged, where they do not apply: compiled ahead
+        in `prebuilt_dir` (default: $LMI_PREBUILT_GRAPHS) for a level this CPU runs, else in
+        `cache_dir`'s (compiled there when missing)."""
         why_not = _not_applicable(loaded)
         if why_not:
             log.info("decode step runs eagerly: %s", why_not)
             return None
-        job = job_for(loaded, num_slots, max_len)
+        job = job_for(loaded, num_slots, max_len, kv_cache_dtype)
         specs = graph_specs(num_slots, job["dtype"], job["quantize"])
         weights = weights_digest(loaded.model, job)
         found = _prebuilt(prebuilt_dir or prebuilt_root(), weights, specs, job["dtype"])
@@ -218,12 +223,15 @@ def _remove_extracted() -> None:
         shutil.rmtree(extracted, ignore_errors=True)
 
 
-def job_for(loaded: LoadedModel, num_slots: int, max_len: int) -> dict:
+def job_for(loaded: LoadedModel, num_slots: int, max_len: int,
+            kv_cache_dtype: str = "auto") -> dict:
     """What the graphs of `loaded` are compiled from (decode_step.compile_graphs' job, less
-    its directory, graphs and target)."""
+    its directory, graphs and target), over a cache of option.kv_cache_dtype's dtype."""
     return {"source": loaded.source, "dtype": _DTYPES[loaded.dtype],
             "max_model_len": loaded.max_model_len, "num_slots": num_slots, "max_len": max_len,
-            "quantize": loaded.quantize_mode}
+            "quantize": loaded.quantize_mode,
+            # the cache's dtype as chosen (part of the key: the graphs read and write it)
+            "kv_cache_dtype": kv_dtype.name(kv_dtype.choose(kv_cache_dtype, loaded.dtype)[0])}
 
 
 def prebuilt_root() -> Path | None:

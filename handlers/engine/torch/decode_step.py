@@ -28,8 +28,8 @@ from torch import nn
 
 from handlers.engine.machine import settle_vector_math
 from handlers.engine.torch import graph_constants, graph_target
-from handlers.engine.torch.attention import cpu_cache_dtype
 from handlers.engine.torch.fused_projections import fuse_projections
+from handlers.engine.torch.kv_dtype import DTYPES, storable
 from handlers.engine.torch.llama_stack import LlamaStack
 from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.onednn_linear import use_onednn_linears
@@ -85,8 +85,8 @@ class _CacheViews:
         rows = key.shape[0]
         index = torch.arange(rows, device=key.device)[:, None]
         k_buf, v_buf = self.keys[layer], self.values[layer]
-        k_buf[index, :, self.positions] = key.transpose(1, 2)
-        v_buf[index, :, self.positions] = value.transpose(1, 2)
+        k_buf[index, :, self.positions] = storable(key.transpose(1, 2), k_buf.dtype)
+        v_buf[index, :, self.positions] = storable(value.transpose(1, 2), v_buf.dtype)
         return k_buf[:rows, :, : self.read_len], v_buf[:rows, :, : self.read_len]
 
 
@@ -108,15 +108,14 @@ class DecodeStep(nn.Module):
 
 
 def export_step(step: DecodeStep, spec: GraphSpec, num_slots: int, max_len: int,
-                layers: tuple[int, int, int]) -> torch.export.ExportedProgram:
+                layers: tuple[int, int, int], cache: torch.dtype) -> torch.export.ExportedProgram:
     """`step` exported for `spec`'s rows, any cache capacity and read length up to max_len;
-    `layers`: (count, KV heads, head size)."""
+    `layers`: (count, KV heads, head size); `cache`: the KV cache's dtype."""
     from torch.export import Dim
 
     count, heads, head_dim = layers
     rows, seen = spec.example_rows, 64
     capacity = max(seen, min(256, max_len))
-    cache = cpu_cache_dtype(step.stack.embed.weight.dtype)
     buffers = [torch.zeros(num_slots, heads, capacity, head_dim, dtype=cache)
                for _ in range(2 * count)]
     example = (torch.zeros(rows, 1, dtype=torch.long), torch.full((rows, 1), seen - 1),
@@ -124,8 +123,8 @@ def export_step(step: DecodeStep, spec: GraphSpec, num_slots: int, max_len: int,
     row_dim = Dim("rows", min=spec.min_rows, max=spec.max_rows) if spec.max_rows > 1 \
         else Dim.STATIC
     length = Dim("length", min=2, max=max_len)
-    cache = [{2: Dim("capacity", min=2, max=max_len)}] * count
-    shapes = ({0: row_dim}, {0: row_dim}, {0: row_dim, 3: length}, cache, cache)
+    capacities = [{2: Dim("capacity", min=2, max=max_len)}] * count
+    shapes = ({0: row_dim}, {0: row_dim}, {0: row_dim, 3: length}, capacities, capacities)
     with torch.no_grad():
         return torch.export.export(step, example, dynamic_shapes=shapes, strict=False)
 
@@ -159,7 +158,8 @@ def _package(step: DecodeStep, spec: GraphSpec, job: dict, layers: tuple[int, in
     """`spec`'s graph packaged into `directory`; `targeted`: inductor's settings for the CPU
     level it targets (graph_target.py)."""
     began = time.perf_counter()
-    program = export_step(step, spec, job["num_slots"], job["max_len"], layers)
+    program = export_step(step, spec, job["num_slots"], job["max_len"], layers,
+                          DTYPES[job["kv_cache_dtype"]])
     partial = directory / f"{spec.name}.partial.pt2"
     inductor = {**INDUCTOR[job["dtype"]], **targeted}
     packaging = PACKAGING if job["dtype"] == "fp32" else {}

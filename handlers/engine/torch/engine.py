@@ -6,13 +6,18 @@ steps compiled into graphs where `graphs` is given (on the CPU) or captured as C
 
 from __future__ import annotations
 
+import logging
+
 from handlers.engine.loop.engine import LoopEngine
 from handlers.engine.media import MediaLimits
+from handlers.engine.torch import kv_dtype
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.loader import LoadedModel
 from handlers.engine.torch.lora import LoraSet
 from handlers.engine.torch.media_prompts import MediaPrompts
 from handlers.engine.torch.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
 
 
 class TorchEngine(LoopEngine):
@@ -20,12 +25,16 @@ class TorchEngine(LoopEngine):
                  max_prefill_tokens: int = 512, chat_template: str | None = None,
                  stall_timeout: float | None = None, prefix_cache_bytes: int = 0,
                  graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
-                 cuda_graphs: bool = False, media_limits: MediaLimits | None = None) -> None:
+                 cuda_graphs: bool = False, media_limits: MediaLimits | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
+        """`kv_cache_dtype`: option.kv_cache_dtype's value (kv_dtype.py)."""
         self.graphs = graphs
+        cache, why = kv_dtype.choose(kv_cache_dtype, loaded.model.dtype)
+        self.kv_cache_dtype = kv_dtype.name(cache)  # the dtype chosen, as GET /config shows it
         super().__init__(
             loaded,
             lambda: ModelRunner(loaded.model, max_batch_size, loaded.max_model_len, graphs, lora,
-                                cuda_graphs),
+                                cuda_graphs, cache),
             max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens,
             chat_template=chat_template, stall_timeout=stall_timeout,
             prefix_cache_bytes=prefix_cache_bytes,
@@ -34,6 +43,8 @@ class TorchEngine(LoopEngine):
             on_serve=graphs.start if graphs else None, on_stop=graphs.close if graphs else None,
             lora=lora, media=None if loaded.processor is None else MediaPrompts(loaded.processor),
             media_limits=media_limits)
+        log.info("KV cache: %s (%s), %d bytes per token", self.kv_cache_dtype, why,
+                 self.batcher.runner.kv_bytes_per_token)
 
     def stats(self) -> dict[str, int]:
         stats = super().stats()

@@ -76,7 +76,8 @@ def build(config: Config, source: Path, quantize: str, levels: list[str],
     a level."""
     loaded = load_model(source, dtype="fp32", device="cpu", max_model_len=config.max_model_len,
                         trust_remote_code=config.trust_remote_code, quantize=quantize)
-    job = job_for(loaded, config.max_rolling_batch_size, loaded.max_model_len)
+    job = job_for(loaded, config.max_rolling_batch_size, loaded.max_model_len,
+                  config.kv_cache_dtype)
     weights = weights_digest(loaded.model, job)
     specs = graph_specs(job["num_slots"], job["dtype"], job["quantize"])
     folders = []

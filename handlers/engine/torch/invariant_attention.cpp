@@ -7,18 +7,24 @@
 // compiler-chosen remainder or alignment peeling depends on where a row sits in memory. Where
 // the CPU has AVX512-BF16, a bf16 model's scores come from its paired dot products over the
 // cache's bf16 keys as they are (no widening pass): 1.75x the kernel's speed over cached keys
-// at 32 rows (AMD EPYC Zen 4), and a 32-row SmolLM2 decode step ~6% shorter.
+// at 32 rows (AMD EPYC Zen 4), and a 32-row SmolLM2 decode step ~6% shorter. A float16 or
+// float8 cache (option.kv_cache_dtype) is widened to float32 as it is read, exactly: the
+// arithmetic after is the float32 cache's.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <array>
 #include <memory>
 #include <type_traits>
-#if defined(__AVX512BF16__) || defined(__AVX2__)
+#if defined(__AVX512BF16__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -70,6 +76,47 @@ inline v16 load16(const at::BFloat16 *p) {  // bfloat16 is the upper half of a f
     std::memcpy(&v, &bits, 64);
     return v;
 }
+
+// float16: the CPU's conversion where it has one (F16C; AVX-512's 16 lanes at once), else c10's.
+inline v16 load16(const at::Half *p) {
+    v16 v;
+#if defined(__AVX512F__)
+    __m512 wide = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
+    std::memcpy(&v, &wide, 64);
+#elif defined(__F16C__)
+    __m256 low = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    __m256 high = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 8)));
+    std::memcpy(&v, &low, 32);
+    std::memcpy(reinterpret_cast<char *>(&v) + 32, &high, 32);
+#else
+    for (int i = 0; i < 16; i++) v[i] = static_cast<float>(p[i]);
+#endif
+    return v;
+}
+
+// float8: each of the 256 bytes' float32 value, looked up.
+template <typename F8>
+const std::array<float, 256> &float8_values() {
+    static const std::array<float, 256> values = [] {
+        std::array<float, 256> table{};
+        for (int b = 0; b < 256; b++)
+            table[b] = static_cast<float>(F8(static_cast<uint8_t>(b), F8::from_bits()));
+        return table;
+    }();
+    return values;
+}
+
+template <typename F8>
+inline v16 load_float8(const F8 *p) {
+    const std::array<float, 256> &values = float8_values<F8>();
+    v16 v;
+    for (int i = 0; i < 16; i++) v[i] = values[p[i].x];
+    return v;
+}
+
+inline v16 load16(const at::Float8_e4m3fn *p) { return load_float8(p); }
+
+inline v16 load16(const at::Float8_e5m2 *p) { return load_float8(p); }
 
 // Two vectors' lanes folded in half, in 16/(2*width) groups: a group's first half holds
 // a[l] + a[l + width] for a's lanes l of the group, its second half the same for c.
@@ -145,6 +192,12 @@ inline float widen(float x) { return x; }
 
 inline float widen(at::BFloat16 x) { return static_cast<float>(x); }
 
+inline float widen(at::Half x) { return static_cast<float>(x); }
+
+inline float widen(at::Float8_e4m3fn x) { return float8_values<at::Float8_e4m3fn>()[x.x]; }
+
+inline float widen(at::Float8_e5m2 x) { return float8_values<at::Float8_e5m2>()[x.x]; }
+
 inline void narrow(float x, float *to) { *to = x; }
 
 inline void narrow(float x, at::BFloat16 *to) { *to = at::BFloat16(x); }  // nearest even
@@ -201,8 +254,8 @@ inline const float *key_rows(const float *k, int64_t j0, int64_t count, int64_t 
     return tile;
 }
 
-inline const float *key_rows(const at::BFloat16 *k, int64_t j0, int64_t count, int64_t d,
-                             float *tile) {
+template <typename C>  // a 16-bit or 8-bit cache
+inline const float *key_rows(const C *k, int64_t j0, int64_t count, int64_t d, float *tile) {
     for (int64_t j = 0; j < TILE; j++) {
         int64_t i = 0;
         for (; j < count && i + 16 <= d; i += 16) {
@@ -490,8 +543,13 @@ void task(const Q *q, const C *k, const C *v, const int64_t *counts, Q *out, con
     int64_t at = b * s.kv_row + h * s.kv_head;
     scores<Q>(k + at, v + at, counts, pairs, group, most, d, s.scale, keys, room);
     softmax(counts, pairs, group, keys, room);
-    if (width == 1 && d % 64 == 0) weighted_alike(v + at, counts[0], pairs, d, keys, room);
-    else weighted(v + at, counts, pairs, group, most, d, keys, room);
+    bool alike = false;  // weighted_alike reads float32 and bf16 values as they are
+    if constexpr (std::is_same_v<C, float> || std::is_same_v<C, at::BFloat16>)
+        if (width == 1 && d % 64 == 0) {
+            weighted_alike(v + at, counts[0], pairs, d, keys, room);
+            alike = true;
+        }
+    if (!alike) weighted(v + at, counts, pairs, group, most, d, keys, room);
     Q *o = out + ((b * s.queries + t0) * s.heads + h * group) * d;
     for (int64_t t = 0; t < width; t++)
         for (int64_t g = 0; g < group; g++)
@@ -524,9 +582,26 @@ void attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &va
     }
 }
 
+template <typename Q>
+void with_cache(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                const at::Tensor &counts, at::Tensor &out, const Shape &s) {
+    switch (key.scalar_type()) {
+        case at::kFloat: attend<Q, float>(query, key, value, counts, out, s); break;
+        case at::kBFloat16: attend<Q, at::BFloat16>(query, key, value, counts, out, s); break;
+        case at::kHalf: attend<Q, at::Half>(query, key, value, counts, out, s); break;
+        case at::kFloat8_e4m3fn:
+            attend<Q, at::Float8_e4m3fn>(query, key, value, counts, out, s);
+            break;
+        case at::kFloat8_e5m2: attend<Q, at::Float8_e5m2>(query, key, value, counts, out, s); break;
+        default:
+            TORCH_CHECK(false, "slot_attention: a float32, bfloat16, float16 or float8 cache only");
+    }
+}
+
 // query: [B, H, T, D] (D contiguous); key, value: [B, H_kv, S, D] (each head's positions one
 // after another); counts: [B, T] int64, how many keys (a prefix) each query sees, 0: none.
-// Returns [B, T, H, D] in the query's dtype; float32 or bfloat16 queries and caches.
+// Returns [B, T, H, D] in the query's dtype; float32 or bfloat16 queries, a float32, bfloat16,
+// float16 or float8 (e4m3fn, e5m2) cache.
 at::Tensor slot_attention(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                           const at::Tensor &counts, double scale) {
     TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.sizes() == key.sizes(),
@@ -544,14 +619,11 @@ at::Tensor slot_attention(const at::Tensor &query, const at::Tensor &key, const 
     Shape s{query.size(2), query.size(1), key.size(1), d, query.stride(0), query.stride(1),
             query.stride(2), key.stride(0), key.stride(1), static_cast<float>(scale)};
     at::Tensor out = at::empty({query.size(0), query.size(2), query.size(1), d}, query.options());
-    bool q16 = query.scalar_type() == at::kBFloat16, c16 = key.scalar_type() == at::kBFloat16;
-    TORCH_CHECK((q16 || query.scalar_type() == at::kFloat) &&
-                    (c16 || key.scalar_type() == at::kFloat),
-                "slot_attention: float32 or bfloat16 only");
-    if (q16 && c16) attend<at::BFloat16, at::BFloat16>(query, key, value, counts, out, s);
-    else if (q16) attend<at::BFloat16, float>(query, key, value, counts, out, s);
-    else if (c16) attend<float, at::BFloat16>(query, key, value, counts, out, s);
-    else attend<float, float>(query, key, value, counts, out, s);
+    bool q16 = query.scalar_type() == at::kBFloat16;
+    TORCH_CHECK(q16 || query.scalar_type() == at::kFloat,
+                "slot_attention: float32 or bfloat16 queries only");
+    if (q16) with_cache<at::BFloat16>(query, key, value, counts, out, s);
+    else with_cache<float>(query, key, value, counts, out, s);
     return out;
 }
 

@@ -26,17 +26,20 @@ from handlers.engine import native_build
 
 SOURCE = Path(__file__).with_name("invariant_attention.cpp")
 MAX_HEAD_SIZE = 256  # the kernel holds a query's elements in 16 vector registers
+# The caches the kernel reads as they are (16 and 8 bits widened to float32 exactly as read).
+CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+                torch.float8_e5m2)
 
 
 def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    counts: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention of query [B, H, T, D] over key/value [B, H_kv, S, D] (a cache view), query
     (b, t) seeing the first counts[b, t] keys: [B, T, H, D] in the query's dtype. float32 and
-    bfloat16 run as they are; other dtypes in float32."""
-    native = (torch.float32, torch.bfloat16)
-    if query.dtype not in native:
+    bfloat16 queries run as they are, other queries in float32; the kernel reads CACHE_DTYPES'
+    caches, others are widened to float32 first."""
+    if query.dtype not in (torch.float32, torch.bfloat16):
         return slot_attention(query.float(), key, value, counts, scale).to(query.dtype)
-    if key.dtype not in native or key.stride(-1) != 1 or key.stride(-2) != key.shape[-1] \
+    if key.dtype not in CACHE_DTYPES or key.stride(-1) != 1 or key.stride(-2) != key.shape[-1] \
             or value.stride() != key.stride() or value.dtype != key.dtype:
         key, value = key.float().contiguous(), value.float().contiguous()
     if query.stride(-1) != 1:

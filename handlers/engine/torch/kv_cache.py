@@ -10,7 +10,8 @@ holds. One 7,000-token prompt beside 31 empty slots used to commit and copy ever
 rows (12 GB, a 22 s step for SmolLM2 in float32); now the memory is what sequences hold, and it
 is given back.
 Hugging Face attention layers call `update(k, v, layer_idx)`; which slots and positions a forward
-pass writes is set beforehand with `bind()`.
+pass writes is set beforehand with `bind()`. The buffers hold option.kv_cache_dtype's dtype
+(kv_dtype.py); `read_dtype`, where set, is what the attention reading them takes instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import mmap
 from collections.abc import Iterable
 
 import torch
+
+from handlers.engine.torch.kv_dtype import storable
 
 SavedPrefix = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, T, D]
 
@@ -35,9 +38,11 @@ class SlotKVCache:
         device: torch.device,
         initial_len: int = 256,
         max_len: int = 8192,
+        read_dtype: torch.dtype | None = None,
     ) -> None:
         self.num_slots = num_slots
         self.max_len = max_len
+        self.read_dtype = None if read_dtype == dtype else read_dtype
         self.initial_len = min(initial_len, max_len)
         shape = (num_slots, num_kv_heads, self.initial_len, head_dim)
         self.keys = [_zeros(shape, dtype, device) for _ in range(num_layers)]
@@ -115,9 +120,12 @@ class SlotKVCache:
         """Write this pass's keys/values [B, H, T, D] and return what attention reads."""
         rows, positions = self._write_index
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
-        k_buf[rows, :, positions] = key.transpose(1, 2).to(k_buf.dtype)
-        v_buf[rows, :, positions] = value.transpose(1, 2).to(v_buf.dtype)
-        return k_buf[self._rows, :, : self._read_len], v_buf[self._rows, :, : self._read_len]
+        k_buf[rows, :, positions] = storable(key.transpose(1, 2), k_buf.dtype)
+        v_buf[rows, :, positions] = storable(value.transpose(1, 2), v_buf.dtype)
+        k, v = k_buf[self._rows, :, : self._read_len], v_buf[self._rows, :, : self._read_len]
+        if self.read_dtype is not None:
+            return k.to(self.read_dtype), v.to(self.read_dtype)
+        return k, v
 
     @property
     def bytes_per_token(self) -> int:

@@ -17,11 +17,7 @@ from torch import nn
 
 from handlers.engine.loop import row_reductions
 from handlers.engine.loop.runner import PrefillChunk
-from handlers.engine.torch.attention import (
-    cpu_cache_dtype,
-    use_slot_cache_attention,
-    visible_keys,
-)
+from handlers.engine.torch.attention import use_slot_cache_attention, visible_keys
 from handlers.engine.torch.cuda_graphs import CudaDecodeGraphs
 from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.fused_projections import fuse_projections
@@ -40,7 +36,12 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, num_slots: int, max_len: int,
                  graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
-                 cuda_graphs: bool = False) -> None:
+                 cuda_graphs: bool = False, kv_dtype: torch.dtype = torch.float32) -> None:
+        """`kv_dtype`: what the KV cache stores (TorchEngine resolves option.kv_cache_dtype:
+        kv_dtype.py); `graphs` must have been compiled for it."""
+        if graphs is not None and graphs.kv_dtype != kv_dtype:
+            raise ValueError(f"decode graphs over a {graphs.kv_dtype} KV cache cannot serve a "
+                             f"{kv_dtype} one")
         self.model = model
         self.graphs = graphs  # compiled decode steps, used for the row counts they have
         self.lora = lora  # LoRA adapters, applied to the rows whose slots use one
@@ -55,9 +56,8 @@ class ModelRunner:
         # model; its encoders run as transformers wrote them (prompt_embeddings).
         self.multimodal = getattr(model.config, "vision_config", None) is not None
         language = model.get_decoder() if self.multimodal else model
-        # On the CPU attention runs in float32, over a bf16 or float32 cache (see attention.py).
+        # On the CPU attention runs in float32, reading the cache as stored (see attention.py).
         cpu = self.device.type == "cpu"
-        self.cache_dtype = cpu_cache_dtype(self.dtype) if cpu else self.dtype
         self.mask_dtype = torch.float32 if cpu else self.dtype
         if self.device.type == "cpu":
             use_slot_cache_attention(language)
@@ -76,9 +76,11 @@ class ModelRunner:
             num_slots=num_slots + (1 if cuda_graphs else 0),
             num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
             head_dim=head_dim,
-            dtype=self.cache_dtype,
+            dtype=kv_dtype,
             device=self.device,
             max_len=max_len,
+            # elsewhere transformers' attention reads keys and values in the model's dtype
+            read_dtype=None if cpu else self.dtype,
         )
         self._decoder = model.get_decoder()
         # After fusing (it calls the fused projections); CPU only: with a mask, CUDA's SDPA has

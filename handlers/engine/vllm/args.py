@@ -26,6 +26,7 @@ LMI_TO_VLLM = {
     "enable_chunked_prefill": "enable_chunked_prefill",
     "max_model_len": "max_model_len",
     "dtype": "dtype",
+    "kv_cache_dtype": "kv_cache_dtype",
     "trust_remote_code": "trust_remote_code",
     "tensor_parallel_degree": "tensor_parallel_size",
     "pipeline_parallel_degree": "pipeline_parallel_size",
@@ -77,11 +78,23 @@ def engine_kwargs(config: Config, model: str, fields: Mapping[str, Any], gpus: i
         kwargs[target] = getattr(config, field)
     if config.tensor_parallel_degree == "max":
         kwargs["tensor_parallel_size"] = max(gpus, 1)
+    if "kv_cache_dtype" in kwargs:
+        _check_kv_cache_dtype(config, fields)
     passed = by_name(config, fields)
     if gpus == 0 and not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & {
             *passed, *(t for f, t in LMI_TO_VLLM.items() if _given(config, f))}:
         kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     return kwargs | lora_kwargs(config, fields) | passed
+
+
+def _check_kv_cache_dtype(config: Config, fields: Mapping[str, Any]) -> None:
+    """option.kv_cache_dtype must be one of the installed vLLM's cache dtypes (its field's
+    Literal lists them; the registry let only vLLM's names through already)."""
+    accepted = [a for a in typing.get_args(fields.get("kv_cache_dtype")) if isinstance(a, str)]
+    if accepted and config.kv_cache_dtype not in accepted:
+        raise ConfigError(f"option.kv_cache_dtype={config.kv_cache_dtype} "
+                          f"({config.sources['kv_cache_dtype']}) is not a KV cache dtype of this "
+                          f"vLLM, which takes {', '.join(accepted)}")
 
 
 def lora_kwargs(config: Config, fields: Mapping[str, Any]) -> dict[str, Any]:

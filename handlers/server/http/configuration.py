@@ -1,7 +1,8 @@
 """`GET /config`: what the server serves and how it is configured, read-only: the model, the
-engine the registry chose, the loaded weights' dtype, device and quantization, and every
-effective setting with where it came from, as startup logs them (the API key as `<set>`, never
-its value). Behind the API key, as every route but health; the page's status reads it."""
+engine the registry chose, the loaded weights' dtype, device and quantization, the KV cache's
+dtype, and every effective setting with where it came from, as startup logs them (the API key
+as `<set>`, never its value). Behind the API key, as every route but health; the page's status
+reads it."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class ServerConfiguration(BaseModel):
     dtype: str | None  # the loaded weights' (None until loaded)
     device: str | None
     quantization: str | None
+    # what the engine stores keys and values in, as it chose for option.kv_cache_dtype (None:
+    # not loaded, or an engine that does not say: vLLM decides `auto` itself)
+    kv_cache_dtype: str | None
     max_model_len: int | None
     embedding_model: str | None
     version: str
@@ -57,6 +61,7 @@ def _described(ctx: ServerContext) -> dict[str, Any]:
         "dtype": None if engine is None else engine.dtype,
         "device": None if engine is None else engine.device,
         "quantization": None if engine is None else engine.quantization,
+        "kv_cache_dtype": getattr(engine, "kv_cache_dtype", None),
         "max_model_len": None if engine is None else engine.max_model_len,
         "embedding_model": ctx.embedding_model(),
         "version": settings.server_version,

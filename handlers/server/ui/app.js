@@ -124,7 +124,8 @@ function showModel(config) {
   $("#model-name").textContent = config.model;
   facts($("#model-facts"), [
     ["model", config.model], ["engine", config.engine], ["dtype", config.dtype],
-    ["quantization", config.quantization], ["device", config.device],
+    ["quantization", config.quantization], ["KV cache", config.kv_cache_dtype],
+    ["device", config.device],
     ["context", config.max_model_len], ["embedding model", config.embedding_model],
     ["version", config.version],
   ]);
