@@ -325,8 +325,10 @@ def test_graphs_built_ahead_for_this_cpus_level_load_at_start_without_compiling(
     assert f"decode graphs compiled ahead for {level} found in {graphs.directory}" in caplog.text
     assert sum("loaded in" in r.message for r in caplog.records) == 2
     assert "compiling" not in caplog.text
-    eager = ModelRunner(fresh(tiny_dir).model, SLOTS, loaded.max_model_len)
-    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs)
+    eager = ModelRunner(fresh(tiny_dir).model, SLOTS, loaded.max_model_len,
+                        kv_dtype=graphs.kv_dtype)
+    fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs,
+                       kv_dtype=graphs.kv_dtype)
     for runner in (eager, fast):
         runner.prefill([PrefillChunk(0, list(range(5, 20)), 0)])
     tokens, lengths = [19], [15]
