@@ -115,7 +115,7 @@ def export_step(step: DecodeStep, spec: GraphSpec, num_slots: int, max_len: int,
     count, heads, head_dim = layers
     rows, seen = spec.example_rows, 64
     capacity = max(seen, min(256, max_len))
-    cache = cpu_cache_dtype(step.stack.embed.weight.dtype)
+    cache = cpu_cache_dtype(step.model.dtype)
     buffers = [torch.zeros(num_slots, heads, capacity, head_dim, dtype=cache)
                for _ in range(2 * count)]
     example = (torch.zeros(rows, 1, dtype=torch.long), torch.full((rows, 1), seen - 1),

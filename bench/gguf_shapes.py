@@ -1,0 +1,153 @@
+"""Random-weight Llama-architecture GGUFs of a chosen shape, for memory tests and benches.
+
+The blocks are written as gguf's writer takes them (`raw_dtype`): random quantized values and
+random float16 scales drawn directly in each block type's layout (Q4_0, Q8_0), sized so a weight's
+spread is ~0.02 as in trained models; the norms are float32 near 1. The tokenizer and chat
+template are the embedded SmolLM2's (copied from its GGUF's metadata), so a server can take
+prompts. Tensors are written one at a time: making a 1B file holds one tensor in memory.
+
+    python -m bench.gguf_shapes OUT.gguf --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
+        --ffn 8192 --kind Q4_0
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Kind
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+from handlers.model_source import default_model_path
+
+# Bytes of a block of 32 weights, and the spread of its integer values (uniform draws).
+_BLOCK_BYTES = {Kind.Q4_0: 18, Kind.Q8_0: 34}
+_INTEGER_SPREAD = {Kind.Q4_0: 4.6, Kind.Q8_0: 74.0}
+_WEIGHT_SPREAD = 0.02  # a weight's, as in trained models
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    tied: bool = True  # the output head is the token embedding (SmolLM2's, Llama-3.2-1B's)
+    context: int = 8192
+    spread: float = _WEIGHT_SPREAD  # the linears' weights' (wider: a random model's answers vary)
+
+    def parameters(self, vocab: int) -> int:
+        head_dim = self.hidden // self.heads
+        attention = self.hidden * head_dim * (2 * self.heads + 2 * self.kv_heads)
+        per_layer = attention + 3 * self.hidden * self.ffn + 2 * self.hidden
+        heads = 1 if self.tied else 2
+        return self.layers * per_layer + heads * vocab * self.hidden + self.hidden
+
+
+ONE_B = Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192)  # Llama-3.2-1B's shape
+
+
+def write_llama_gguf(path: Path, shape: Shape, kind: Kind = Kind.Q4_0, seed: int = 0,
+                     embedding_kind: Kind | None = None) -> Path:
+    """Write a random Llama GGUF of `shape` at `path`, its linears (an untied head too) in `kind`
+    blocks and its token embedding (the head too, where tied) in `embedding_kind` (default:
+    `kind`)."""
+    tokenizer = GGUFReader(default_model_path())
+    vocab = len(tokenizer.fields["tokenizer.ggml.tokens"].data)
+    rng = np.random.default_rng(seed)
+    writer = GGUFWriter(path, "llama")
+    _add_metadata(writer, shape, vocab, tokenizer)
+    tensors = _tensor_plan(shape, vocab, kind, embedding_kind or kind)
+    for name, (rows, columns, tensor_kind) in tensors.items():
+        nbytes = rows * _row_bytes(columns, tensor_kind)
+        if tensor_kind == Kind.F32:  # a norm: one dimension
+            writer.add_tensor_info(name, (columns,), np.dtype(np.float32), nbytes)
+        else:
+            writer.add_tensor_info(name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes,
+                                   tensor_kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, (rows, columns, tensor_kind) in tensors.items():
+        spread = _WEIGHT_SPREAD if name == "token_embd.weight" else shape.spread
+        writer.write_tensor_data(_random_tensor(rng, rows, columns, tensor_kind, spread))
+    writer.close()
+    return path
+
+
+def _add_metadata(writer: GGUFWriter, shape: Shape, vocab: int, tokenizer: GGUFReader) -> None:
+    writer.add_name(f"random-llama-{shape.hidden}x{shape.layers}")
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_freq_base(100000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    for key, field in tokenizer.fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type)
+
+
+def _tensor_plan(shape: Shape, vocab: int, kind: Kind,
+                 embedding_kind: Kind) -> dict[str, tuple[int, int, Kind]]:
+    """name: (rows, columns, kind), in the file's order."""
+    head_dim = shape.hidden // shape.heads
+    plan = {"token_embd.weight": (vocab, shape.hidden, embedding_kind)}
+    for layer in range(shape.layers):
+        block = f"blk.{layer}."
+        plan |= {
+            block + "attn_norm.weight": (1, shape.hidden, Kind.F32),
+            block + "attn_q.weight": (shape.heads * head_dim, shape.hidden, kind),
+            block + "attn_k.weight": (shape.kv_heads * head_dim, shape.hidden, kind),
+            block + "attn_v.weight": (shape.kv_heads * head_dim, shape.hidden, kind),
+            block + "attn_output.weight": (shape.hidden, shape.heads * head_dim, kind),
+            block + "ffn_norm.weight": (1, shape.hidden, Kind.F32),
+            block + "ffn_gate.weight": (shape.ffn, shape.hidden, kind),
+            block + "ffn_up.weight": (shape.ffn, shape.hidden, kind),
+            block + "ffn_down.weight": (shape.hidden, shape.ffn, kind),
+        }
+    plan["output_norm.weight"] = (1, shape.hidden, Kind.F32)
+    if not shape.tied:
+        plan["output.weight"] = (vocab, shape.hidden, kind)
+    return plan
+
+
+def _row_bytes(columns: int, kind: Kind) -> int:
+    return columns * 4 if kind == Kind.F32 else columns // 32 * _BLOCK_BYTES[kind]
+
+
+def _random_tensor(rng: np.random.Generator, rows: int, columns: int, kind: Kind,
+                   spread: float) -> np.ndarray:
+    if kind == Kind.F32:  # a norm: [columns], near 1
+        return (1 + 0.1 * rng.standard_normal(columns)).astype(np.float32)
+    blocks = rng.integers(0, 256, (rows, columns // 32, _BLOCK_BYTES[kind]), dtype=np.uint8)
+    scale = spread / _INTEGER_SPREAD[kind]
+    d = (scale * rng.uniform(0.5, 1.5, (rows, columns // 32, 1))).astype(np.float16)
+    blocks[..., 0:2] = d.view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    for name, default in (("hidden", 2048), ("layers", 16), ("heads", 32), ("kv-heads", 8),
+                          ("ffn", 8192)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--kind", choices=[k.name for k in _BLOCK_BYTES], default="Q4_0")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)
+    write_llama_gguf(args.out, shape, Kind[args.kind], args.seed)
+    print(f"{args.out}: {args.out.stat().st_size / 2**30:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
