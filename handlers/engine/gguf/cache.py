@@ -51,12 +51,12 @@ def cached_tokenizer(gguf: Path, cache_dir: Path | None = None) -> PreTrainedTok
 
 def tokenizer_dir(gguf: Path, cache_dir: Path | None = None) -> Path:
     """The cached copy of `gguf`'s tokenizer alone (transformers' reading of it, saved on first
-    use): a directory tokenizer classes load from."""
-    from transformers import AutoTokenizer
-
+    use): a directory tokenizer classes load from. A later start imports no transformers here."""
     converted = gguf_cache_entry(gguf, cache_dir)
     entry = converted.parent.parent / "gguf-tokenizer" / converted.name
     if not entry.is_dir():
+        from transformers import AutoTokenizer
+
         logger.info("Reading the tokenizer of %s (first start; later starts use the cache)", gguf)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                   local_files_only=True)

@@ -84,10 +84,9 @@ def _build(entry: Path, dtype: torch.dtype) -> LlamaCausalLM:
     saved = json.loads((entry / "model.json").read_text())
     settings = LlamaSettings(**saved["settings"])
     tensors = torch.load(entry / "model.pt", mmap=True, weights_only=True)
-    with torch.device("meta"):
-        model = LlamaCausalLM(settings, saved["generation"],
-                              RotaryAngles(settings.head_dim, settings.rope_theta))
-    model.model.rotary_emb = RotaryAngles(settings.head_dim, settings.rope_theta)  # not meta
+    rotary = RotaryAngles(settings.head_dim, settings.rope_theta)  # computed: not on meta
+    with torch.device("meta"):  # the weights come from the cache: allocate none here
+        model = LlamaCausalLM(settings, saved["generation"], rotary)
     bits = saved["bits"]
     for name, width in bits.items():
         packed = [tensors[f"{name}.{field}"] for field in _PACKED]
