@@ -1,10 +1,11 @@
 """Random-weight Llama-architecture GGUFs of a chosen shape, for memory tests and benches.
 
 The blocks are written as gguf's writer takes them (`raw_dtype`): random quantized values and
-random float16 scales drawn directly in each block type's layout (Q4_0, Q8_0), sized so a weight's
-spread is ~0.02 as in trained models; the norms are float32 near 1. The tokenizer and chat
-template are the embedded SmolLM2's (copied from its GGUF's metadata), so a server can take
-prompts. Tensors are written one at a time: making a 1B file holds one tensor in memory.
+random float16 scales drawn directly in each block type's layout (Q4_0, Q8_0, and the K-quants
+Q4_K and Q6_K that Q4_K_M files hold), sized so a weight's spread is ~0.02 as in trained models;
+the norms are float32 near 1. The tokenizer and chat template are the embedded SmolLM2's (copied
+from its GGUF's metadata), so a server can take prompts. Tensors are written one at a time:
+making a 1B file holds one tensor in memory.
 
     python -m bench.gguf_shapes OUT.gguf --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
         --ffn 8192 --kind Q4_0
@@ -22,10 +23,15 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from handlers.model_source import default_model_path
 
-# Bytes of a block of 32 weights, and the spread of its integer values (uniform draws).
-_BLOCK_BYTES = {Kind.Q4_0: 18, Kind.Q8_0: 34}
-_INTEGER_SPREAD = {Kind.Q4_0: 4.6, Kind.Q8_0: 74.0}
 _WEIGHT_SPREAD = 0.02  # a weight's, as in trained models
+# Per block type: weights and bytes of a block, and the byte offsets of its float16 scales with
+# the value that gives uniform random bytes elsewhere a weight spread of _WEIGHT_SPREAD (Q4_0:
+# d * (q - 8), q's spread 4.6; Q8_0: d * q, 74; Q4_K: d * sc * q - dmin * m, sc ~32 and q 4.6;
+# Q6_K: d * sc * (q - 32), |sc| ~64 and q 18).
+_LAYOUT = {Kind.Q4_0: (32, 18, {0: _WEIGHT_SPREAD / 4.6}),
+           Kind.Q8_0: (32, 34, {0: _WEIGHT_SPREAD / 74}),
+           Kind.Q4_K: (256, 144, {0: _WEIGHT_SPREAD / 147, 2: _WEIGHT_SPREAD / 147}),
+           Kind.Q6_K: (256, 210, {208: _WEIGHT_SPREAD / 1150})}
 
 
 @dataclass(frozen=True)
@@ -121,17 +127,21 @@ def _tensor_plan(shape: Shape, vocab: int, kind: Kind,
 
 
 def _row_bytes(columns: int, kind: Kind) -> int:
-    return columns * 4 if kind == Kind.F32 else columns // 32 * _BLOCK_BYTES[kind]
+    if kind == Kind.F32:
+        return columns * 4
+    weights, size, _ = _LAYOUT[kind]
+    return columns // weights * size
 
 
 def _random_tensor(rng: np.random.Generator, rows: int, columns: int, kind: Kind,
                    spread: float) -> np.ndarray:
     if kind == Kind.F32:  # a norm: [columns], near 1
         return (1 + 0.1 * rng.standard_normal(columns)).astype(np.float32)
-    blocks = rng.integers(0, 256, (rows, columns // 32, _BLOCK_BYTES[kind]), dtype=np.uint8)
-    scale = spread / _INTEGER_SPREAD[kind]
-    d = (scale * rng.uniform(0.5, 1.5, (rows, columns // 32, 1))).astype(np.float16)
-    blocks[..., 0:2] = d.view(np.uint8)
+    weights, size, scales = _LAYOUT[kind]
+    blocks = rng.integers(0, 256, (rows, columns // weights, size), dtype=np.uint8)
+    for offset, scale in scales.items():
+        d = scale * spread / _WEIGHT_SPREAD * rng.uniform(0.5, 1.5, (*blocks.shape[:2], 1))
+        blocks[..., offset:offset + 2] = d.astype(np.float16).view(np.uint8)
     return blocks.reshape(rows, -1)
 
 
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, default in (("hidden", 2048), ("layers", 16), ("heads", 32), ("kv-heads", 8),
                           ("ffn", 8192)):
         parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--kind", choices=[k.name for k in _BLOCK_BYTES], default="Q4_0")
+    parser.add_argument("--kind", choices=[k.name for k in _LAYOUT], default="Q4_0")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)

@@ -12,10 +12,12 @@ import gguf_greedy
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Kind
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from bench.gguf_shapes import Shape, write_llama_gguf
 from handlers.engine.torch import gguf_model
+from handlers.engine.torch.gguf_blocks import to_blocks, unpermuted
 from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.quant_linear import QuantEmbedding, QuantLinear, available
 from handlers.model_source import default_model_path
@@ -108,3 +110,34 @@ def _add_tensor(source: Path, target: Path, name: str, values: np.ndarray) -> No
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def test_k_quants_are_the_blocks_the_dequantizing_path_quantized(tmp_path, caplog):
+    """A Q4_K_M-like file (Q4_K linears, a Q6_K embedding and tied head): each linear holds the
+    blocks gguf_blocks.py made of it for the path that dequantizes (Q4_K as eight 4-bit blocks,
+    Q6_K quantized again to 8 bits), and the log says which types were quantized again."""
+    path = write_llama_gguf(tmp_path / "k.gguf", Shape(256, 2, 4, 2, 512), Kind.Q4_K,
+                            embedding_kind=Kind.Q6_K)
+    with caplog.at_level("INFO"):
+        model = gguf_model.load(path, "gguf", torch.float32, tmp_path / "cache")
+    assert "Q6_K as int8: quantized again to 8 bits" in caplog.text
+    raw = {t.name: t for t in GGUFReader(path).tensors}
+    heads = model.config.num_attention_heads
+
+    def blocks_of(name: str, rows: torch.Tensor | None = None) -> torch.Tensor:
+        tensor = raw[name]
+        data = np.asarray(tensor.data)
+        if rows is not None:
+            data = data[rows.numpy()]
+        return to_blocks(data, tensor.tensor_type).dequantize()
+
+    q_rows = unpermuted(256, heads)
+    layer = model.model.layers[0]
+    assert torch.equal(layer.self_attn.q_proj.unpacked().dequantize(),
+                       blocks_of("blk.0.attn_q.weight", q_rows))
+    assert torch.equal(layer.mlp.down_proj.unpacked().dequantize(),
+                       blocks_of("blk.0.ffn_down.weight"))
+    table = blocks_of("token_embd.weight")
+    assert torch.equal(model.lm_head.unpacked().dequantize(), table)
+    ids = torch.tensor([0, 5, 49151])
+    assert torch.equal(model.model.embed_tokens(ids), table[ids])
