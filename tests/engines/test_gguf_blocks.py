@@ -133,8 +133,8 @@ def test_k_quants_are_the_blocks_the_dequantizing_path_quantized(tmp_path, caplo
 
     q_rows = unpermuted(256, heads)
     layer = model.model.layers[0]
-    assert torch.equal(layer.self_attn.q_proj.unpacked().dequantize(),
-                       blocks_of("blk.0.attn_q.weight", q_rows))
+    qkv = layer.self_attn.q_proj.shared.fused.unpacked().dequantize()  # joined as served
+    assert torch.equal(qkv[:256], blocks_of("blk.0.attn_q.weight", q_rows))
     assert torch.equal(layer.mlp.down_proj.unpacked().dequantize(),
                        blocks_of("blk.0.ffn_down.weight"))
     table = blocks_of("token_embd.weight")

@@ -9,6 +9,10 @@ embedded (`QuantEmbedding`), and a tied output head runs the kernel over the sam
 the norms are float (float32, as the file has them). The config comes from the GGUF's metadata;
 the tokenizer is transformers' conversion of it (handlers/engine/gguf/cache.py).
 
+Each layer's q/k/v and gate/up are stored joined, as fused_projections.py joins them to serve:
+the server then maps the joined buffers, where joining them after loading would copy them and
+keep the parts' pages resident beside the copy (1.6x the blocks, measured).
+
 The packed model is cached once per file and mode (`<cache>/gguf-packed/<sha256>-<mode>-v1`): its
 size is the blocks' (a scale and a min per 32 weights: Q4_0's blocks grow 11%, Q8_0's 6%), and a
 later start maps it (`torch.load(mmap=True)`) instead of reading the GGUF's header again, which
@@ -27,6 +31,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from itertools import product
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,17 +42,19 @@ from gguf.quants import dequantize
 
 from handlers.engine.gguf.cache import gguf_cache_entry
 from handlers.engine.torch import gguf_blocks, quant_linear
+from handlers.engine.torch.fused_projections import GROUPS, SharedProjection, share
 from handlers.engine.torch.llama_model import LlamaCausalLM, LlamaSettings, RotaryAngles
 from handlers.engine.torch.quant_blocks import QuantizedWeight
 from handlers.engine.torch.quant_linear import TILE, QuantEmbedding, QuantLinear
 
 log = logging.getLogger(__name__)
 
-_FORMAT = "v1"  # bump when what `_convert` writes changes
+_FORMAT = "v2"  # bump when what `_convert` writes changes
 _CHUNK_ROWS = 1024  # rows repacked at a time (a multiple of TILE): bounds a start's extra memory
 _PACKED = ("weights", "scales", "mins")
 _NORMS = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 _LAYER_TENSORS = {*gguf_blocks.LINEAR_NAMES, *_NORMS}
+_FUSED = (("self_attn", GROUPS[0]), ("mlp", GROUPS[1]))  # parent, projections read together
 MODES = ("gguf", "int4", "int8")  # option.quantize values this path serves (int8: widened)
 
 
@@ -64,13 +71,16 @@ def load(path: Path, mode: str, dtype: torch.dtype,
     verdict = entry.with_suffix(".unsupported")
     if verdict.is_file():  # remembered: the header is not parsed again to say so
         raise Unsupported(verdict.read_text())
-    if not entry.is_dir():
-        try:
-            _convert(path, mode, entry)
-        except Unsupported as why:
-            _write_atomically(verdict, str(why))
-            raise
-    return _build(entry, dtype)
+    if entry.is_dir():
+        return _build(*_mapped(entry), dtype)
+    try:
+        tensors, description = _convert(path, mode, entry)
+    except Unsupported as why:
+        _write_atomically(verdict, str(why))
+        raise
+    # Served from the tensors just packed: mapping the file instead would leave the memory
+    # they took in the allocator's heap, resident beside the mapped pages.
+    return _build(tensors, description, dtype)
 
 
 def _entry(path: Path, mode: str, cache_dir: Path | None) -> Path:
@@ -79,19 +89,27 @@ def _entry(path: Path, mode: str, cache_dir: Path | None) -> Path:
     return converted.parent.parent / "gguf-packed" / f"{converted.name}-{widened}-{_FORMAT}"
 
 
-def _build(entry: Path, dtype: torch.dtype) -> LlamaCausalLM:
-    """The model over the packed tensors cached at `entry`, mapped from its file."""
-    saved = json.loads((entry / "model.json").read_text())
-    settings = LlamaSettings(**saved["settings"])
+def _mapped(entry: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The packed tensors cached at `entry`, mapped from its file, and what builds the model."""
     tensors = torch.load(entry / "model.pt", mmap=True, weights_only=True)
+    return tensors, json.loads((entry / "model.json").read_text())
+
+
+def _build(tensors: dict[str, torch.Tensor], saved: dict, dtype: torch.dtype) -> LlamaCausalLM:
+    """The model over packed `tensors` (`saved`: `_convert`'s description of them)."""
+    settings = LlamaSettings(**saved["settings"])
     rotary = RotaryAngles(settings.head_dim, settings.rope_theta)  # computed: not on meta
     with torch.device("meta"):  # the weights come from the cache: allocate none here
         model = LlamaCausalLM(settings, saved["generation"], rotary)
-    bits = saved["bits"]
-    for name, width in bits.items():
+    for name, width in saved["bits"].items():
         packed = [tensors[f"{name}.{field}"] for field in _PACKED]
         if name == "model.embed_tokens":
             model.model.embed_tokens = QuantEmbedding(*packed, width, dtype)
+        elif name in saved["fused"]:
+            parent, joined = name.rsplit(".", 1)
+            shared = SharedProjection.over(QuantLinear.packed(*packed, width),
+                                           saved["fused"][name])
+            share(model.get_submodule(parent), tuple(joined.split("+")), shared)
         else:
             model.set_submodule(name, QuantLinear.packed(*packed, width))
     if settings.tie_word_embeddings:
@@ -103,12 +121,13 @@ def _build(entry: Path, dtype: torch.dtype) -> LlamaCausalLM:
     model.load_state_dict(norms, strict=False, assign=True)
     missing = [name for name, t in model.state_dict().items() if t.is_meta]
     if missing:
-        raise ValueError(f"{entry}: no tensors for {', '.join(missing[:5])}")
+        raise ValueError(f"the packed GGUF has no tensors for {', '.join(missing[:5])}")
     return model.eval()
 
 
-def _convert(path: Path, mode: str, entry: Path) -> None:
-    """Repack the GGUF at `path` into the cache entry `entry`, a tensor at a time."""
+def _convert(path: Path, mode: str, entry: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Repack the GGUF at `path` into the cache entry `entry`, a tensor at a time; the packed
+    tensors and their description (what `_build` takes)."""
     started = time.perf_counter()
     reader = GGUFReader(path, "r")
     tensors = {tensor.name: tensor for tensor in reader.tensors}
@@ -136,9 +155,32 @@ def _convert(path: Path, mode: str, entry: Path) -> None:
     log.info("Blocks of %s: %s%s", path.name, ", ".join(f"{n} {k}" for k, n in kinds.items()),
              f" ({', '.join(repacked)}: quantized again to 8 bits from their values, the "
              "kernel having no form of their own)" if repacked else "")
+    fused = _fuse(packed, bits, settings.num_hidden_layers)
     generation = {"eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id")}
-    _save(entry, packed, {"settings": vars(settings), "generation": generation, "bits": bits})
+    description = {"settings": vars(settings), "generation": generation, "bits": bits,
+                   "fused": fused}
+    _save(entry, packed, description)
     log.info("Repacked %s into %s in %.1f s", path.name, entry, time.perf_counter() - started)
+    return packed, description
+
+
+def _fuse(packed: dict[str, torch.Tensor], bits: dict[str, int],
+          layers: int) -> dict[str, list[int]]:
+    """Join each layer's q/k/v and gate/up in `packed` as fused_projections.py would at serving
+    time (`QuantLinear.fused`), so that serving maps the joined buffers instead of copying them
+    beside the parts it read; the joined layers' output sizes, by name (`parent.q_proj+k_proj+
+    v_proj`)."""
+    sizes = {}
+    for layer, (parent, names) in product(range(layers), _FUSED):
+        modules = [f"model.layers.{layer}.{parent}.{name}" for name in names]
+        parts = [QuantLinear.packed(*(packed.pop(f"{module}.{field}") for field in _PACKED),
+                                    bits.pop(module)) for module in modules]
+        joined = QuantLinear.fused(parts)
+        name = f"model.layers.{layer}.{parent}.{'+'.join(names)}"
+        packed |= {f"{name}.{field}": getattr(joined, field) for field in _PACKED}
+        bits[name] = joined.bits
+        sizes[name] = [part.out_features for part in parts]
+    return sizes
 
 
 def settings_of(reader: GGUFReader, tensors: dict[str, ReaderTensor]) -> LlamaSettings:
@@ -227,7 +269,7 @@ def _packed(file: BinaryIO, tensor: ReaderTensor, widen: bool,
     if heads is not None:
         order = gguf_blocks.unpermuted(rows, heads).numpy()
         whole = _read(file, tensor).reshape(rows, row_bytes)[order]
-    parts: list[tuple[torch.Tensor, ...]] = []
+    packed: list[torch.Tensor] = []  # weights, scales, mins: allocated once, filled by chunks
     width = 8
     for first in range(0, rows, _CHUNK_ROWS):
         count = min(_CHUNK_ROWS, rows - first)
@@ -237,9 +279,12 @@ def _packed(file: BinaryIO, tensor: ReaderTensor, widen: bool,
         if widen and blocks.bits == 4:
             blocks = QuantizedWeight(blocks.values, blocks.scales, blocks.mins, 8)
         width = blocks.bits
-        parts.append(quant_linear.pack(blocks))
-    weights, scales, mins = (torch.cat([part[i] for part in parts]) if len(parts) > 1
-                             else parts[0][i] for i in range(3))
+        chunk = quant_linear.pack(blocks)
+        if not packed:  # not joined at the end: that would hold the tensor twice
+            packed = [part.new_empty((rows // TILE, *part.shape[1:])) for part in chunk]
+        for whole_part, part in zip(packed, chunk, strict=True):
+            whole_part[first // TILE:(first + count) // TILE] = part
+    weights, scales, mins = packed
     return weights, scales, mins, width
 
 
