@@ -135,6 +135,19 @@ def test_gguf_q6_k_runs_at_8_bits_quantized_again_from_its_values():
     assert (error <= step * 0.51).all()
 
 
+@pytest.mark.parametrize(("kind", "size", "scales"), [
+    (Kind.Q4_0, 18, (0,)), (Kind.Q4_1, 20, (0, 2)), (Kind.Q8_0, 34, (0,))])
+def test_the_embedding_over_packed_blocks_gives_the_dequantized_rows_exactly(kind, size, scales):
+    raw = _random_blocks(kind, 48, size, scales)
+    embedding = quant_linear.QuantEmbedding(*pack(to_blocks(raw, kind)),
+                                            8 if kind == Kind.Q8_0 else 4)
+    ids = torch.tensor([[0, 47, 16], [15, 17, 31]])
+    table = torch.from_numpy(dequantize(raw, kind))
+    rows = embedding(ids)
+    assert rows.dtype == torch.float32 and rows.shape == (2, 3, 256)
+    assert torch.equal(rows, table[ids])
+
+
 def awkward_rows(x: torch.Tensor) -> torch.Tensor:
     """`x` with the groups whose quantization each build could get wrong: exact halves (ties go
     to even), all zeros, a negative zero, a NaN (0, and not counted in the max)."""

@@ -46,14 +46,22 @@ def cached_tokenizer(gguf: Path, cache_dir: Path | None = None) -> PreTrainedTok
     converted = gguf_cache_entry(gguf, cache_dir)
     if converted.is_dir():
         return AutoTokenizer.from_pretrained(converted, local_files_only=True)
+    return AutoTokenizer.from_pretrained(tokenizer_dir(gguf, cache_dir), local_files_only=True)
+
+
+def tokenizer_dir(gguf: Path, cache_dir: Path | None = None) -> Path:
+    """The cached copy of `gguf`'s tokenizer alone (transformers' reading of it, saved on first
+    use): a directory tokenizer classes load from. A later start imports no transformers here."""
+    converted = gguf_cache_entry(gguf, cache_dir)
     entry = converted.parent.parent / "gguf-tokenizer" / converted.name
     if not entry.is_dir():
+        from transformers import AutoTokenizer
+
         logger.info("Reading the tokenizer of %s (first start; later starts use the cache)", gguf)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                   local_files_only=True)
         save_atomically(entry, tokenizer)
-        return tokenizer
-    return AutoTokenizer.from_pretrained(entry, local_files_only=True)
+    return entry
 
 
 def file_sha256(path: Path, memo_dir: Path) -> str:

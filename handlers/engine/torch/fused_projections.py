@@ -19,10 +19,21 @@ GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 class SharedProjection(nn.Module):
     def __init__(self, linears: list[nn.Linear] | list[QuantLinear]) -> None:
-        super().__init__()
-        self.sizes = [linear.out_features for linear in linears]
-        self.fused = QuantLinear.fused(linears) if isinstance(linears[0], QuantLinear) \
+        fused = QuantLinear.fused(linears) if isinstance(linears[0], QuantLinear) \
             else _fused_linear(linears)
+        self._hold(fused, [linear.out_features for linear in linears])
+
+    @classmethod
+    def over(cls, fused: nn.Module, sizes: list[int]) -> SharedProjection:
+        """One over a layer fused already (outputs of `sizes`, one after another)."""
+        shared = cls.__new__(cls)
+        shared._hold(fused, sizes)
+        return shared
+
+    def _hold(self, fused: nn.Module, sizes: list[int]) -> None:
+        nn.Module.__init__(self)
+        self.sizes = sizes
+        self.fused = fused
         self._input: torch.Tensor | None = None
         self._outputs: tuple[torch.Tensor, ...] = ()
         self._taken = 0
@@ -73,11 +84,15 @@ def fuse_projections(model: nn.Module) -> int:
         for names in GROUPS:
             linears = [getattr(module, name, None) for name in names]
             if _fusable(linears):
-                shared = SharedProjection(linears)
-                for index, name in enumerate(names):
-                    setattr(module, name, ProjectionPart(shared, index))
+                share(module, names, SharedProjection(linears))
                 fused += 1
     return fused
+
+
+def share(module: nn.Module, names: tuple[str, ...], shared: SharedProjection) -> None:
+    """`module`'s projections `names` become the parts of `shared`, in that order."""
+    for index, name in enumerate(names):
+        setattr(module, name, ProjectionPart(shared, index))
 
 
 def _fusable(linears: list[object]) -> bool:

@@ -34,7 +34,7 @@ _FIELDS = ("values", "scales", "mins")
 
 FLOAT_KINDS = {Kind.F32, Kind.F16, Kind.BF16}
 _LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+LINEAR_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
@@ -72,7 +72,7 @@ def read_blocks(path: Path, heads: int, kv_heads: int) -> dict[str, QuantizedWei
             continue
         weight = to_blocks(np.asarray(tensor.data), tensor.tensor_type)
         if target.endswith(("q_proj", "k_proj")):
-            weight = weight.rows(_unpermuted(weight.shape[0],
+            weight = weight.rows(unpermuted(weight.shape[0],
                                              heads if target.endswith("q_proj") else kv_heads))
         blocks[target] = weight
     return blocks
@@ -82,12 +82,12 @@ def _module_name(name: str, has_output: bool) -> str | None:
     if name == "output.weight" or (name == "token_embd.weight" and not has_output):
         return "lm_head"
     match = _LAYER.fullmatch(name)
-    if match is None or match[2] not in _NAMES:
+    if match is None or match[2] not in LINEAR_NAMES:
         return None
-    return f"model.layers.{match[1]}.{_NAMES[match[2]]}"
+    return f"model.layers.{match[1]}.{LINEAR_NAMES[match[2]]}"
 
 
-def _unpermuted(rows: int, heads: int) -> torch.Tensor:
+def unpermuted(rows: int, heads: int) -> torch.Tensor:
     """The row order undoing llama.cpp's converter's permutation of a q or k projection."""
     return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
 
@@ -156,3 +156,5 @@ def _q4_k(raw: np.ndarray) -> QuantizedWeight:
 
 
 _REPACK = {Kind.Q4_0: _q4_0, Kind.Q4_1: _q4_1, Kind.Q8_0: _q8_0, Kind.Q4_K: _q4_k}
+# The types the kernel takes as they are (the rest are quantized again to 8 bits).
+REPACKED_AS_THEY_ARE = tuple(kind.name for kind in _REPACK)

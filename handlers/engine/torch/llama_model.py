@@ -189,14 +189,15 @@ class LlamaCausalLM(nn.Module):
         if s.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    # The embedding's: the linears may have been replaced by packed ones (onednn_linear.py).
+    # The final norm's: the linears may have been replaced by packed ones (onednn_linear.py),
+    # the embedding too (a GGUF's blocks: gguf_model.py).
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.norm.weight.dtype
 
     def get_decoder(self) -> Decoder:
         return self.model

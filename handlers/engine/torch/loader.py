@@ -1,8 +1,9 @@
 """Model loading from local files (model_source.py fetched remote ones already): every
 transformers call reads local files only (`local_files_only`), so loading never reaches a hub.
 
-A source is a Hugging Face layout directory (config.json + *.safetensors) or a single .gguf file,
-loaded from its dequantized copy in the GGUF cache (handlers/engine/gguf/).
+A source is a Hugging Face layout directory (config.json + *.safetensors) or a single .gguf file:
+a Llama-architecture GGUF whose linears run on quantized blocks is served from its own blocks
+(gguf_model.py), any other from its dequantized copy in the GGUF cache (handlers/engine/gguf/).
 
 On the CPU a Llama checkpoint is built by llama_model.py and its tokenizer loaded by its class,
 without importing transformers' modeling code (~6 s of a start); anything else goes through
@@ -21,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from handlers.engine import plain_tokenizer
-from handlers.engine.gguf.cache import convert_gguf, gguf_cache_entry
+from handlers.engine.gguf.cache import convert_gguf, gguf_cache_entry, tokenizer_dir
 from handlers.engine.machine import resolve_device
 from handlers.engine.plain_tokenizer import PlainTokenizer
-from handlers.engine.torch import llama_model, quantization
+from handlers.engine.torch import gguf_model, llama_model, quantization
 from handlers.engine.torch.dtype_probe import choose_cpu_dtype
+from handlers.engine.torch.quant_linear import QuantLinear
 from handlers.model_source import derive_model_name
 
 if TYPE_CHECKING:
@@ -113,15 +115,20 @@ def load_model(
         dtype = "bf16" if plan.float_dtype == torch.bfloat16 else "fp32"  # measured already
         logger.info("option.dtype=auto: %s, as the quantization probe measured", dtype)
     logger.info("option.quantize=%s: %s (%s)", quantize or "auto", plan.mode, plan.why)
-    model, tokenizer, origin = _load_weights(source, dtype, target, trust_remote_code, cache_dir)
+    blocks = _gguf_blocks(source, plan.mode, dtype, target, cache_dir)
     processor = None
-    if not isinstance(tokenizer, (str, bytes)) and hasattr(tokenizer, "tokenizer") \
-            and hasattr(tokenizer, "image_processor"):  # a multimodal model's processor
-        processor, tokenizer = tokenizer, tokenizer.tokenizer
-        if processor.chat_template and not getattr(tokenizer, "chat_template", None):
-            tokenizer.chat_template = processor.chat_template
-    quantized = "none"
-    if plan.mode != "none":
+    if blocks is not None:
+        model, tokenizer, origin, quantized = blocks
+    else:
+        model, tokenizer, origin = _load_weights(source, dtype, target, trust_remote_code,
+                                                 cache_dir)
+        quantized = "none"
+        if not isinstance(tokenizer, (str, bytes)) and hasattr(tokenizer, "tokenizer") \
+                and hasattr(tokenizer, "image_processor"):  # a multimodal model's processor
+            processor, tokenizer = tokenizer, tokenizer.tokenizer
+            if processor.chat_template and not getattr(tokenizer, "chat_template", None):
+                tokenizer.chat_template = processor.chat_template
+    if blocks is None and plan.mode != "none":
         quantized = quantization.quantize_model(model, plan.mode, source, cache_dir)
         origin += f"; linear layers {quantized}"
     model.to(target).eval()
@@ -144,6 +151,26 @@ def load_model(
         sorted(loaded.eos_token_ids), time.perf_counter() - started,
     )  # fmt: skip
     return loaded
+
+
+def _gguf_blocks(source: Path, mode: str, dtype: str, target: torch.device,
+                 cache_dir: Path | None) -> tuple[nn.Module, Any, str, str] | None:
+    """A GGUF served from its own blocks (gguf_model.py): the model, its tokenizer, where the
+    weights came from and what its linears are; None where that module does not serve it (the
+    GGUF is then dequantized, logged)."""
+    if source.suffix.lower() != ".gguf" or mode not in gguf_model.MODES:
+        return None
+    try:
+        model = gguf_model.load(source, mode, resolve_dtype(dtype, target, None), cache_dir)
+    except gguf_model.Unsupported as why:
+        logger.info("%s is dequantized to float, its linears quantized after: %s", source.name,
+                    why)
+        return None
+    widths = {module.bits for module in model.modules() if isinstance(module, QuantLinear)}
+    quantized = f"int{min(widths)}"
+    origin = f"GGUF, served from its blocks (linear layers {quantized}, the token embedding " \
+             f"int{model.model.embed_tokens.bits}; no float copy)"
+    return model, _llama_tokenizer(tokenizer_dir(source, cache_dir)), origin, quantized
 
 
 def _load_weights(

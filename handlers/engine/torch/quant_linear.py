@@ -88,6 +88,43 @@ class QuantLinear(nn.Module):
         return unpack(self.weights, self.scales, self.mins, self.bits)
 
 
+class QuantEmbedding(nn.Module):
+    """A token embedding over packed blocks (`QuantLinear`'s layout, a tied head's own buffers):
+    each token's row dequantized when it is looked up, d * u + m in float32 (then the model's
+    dtype), which is exact for the blocks GGUF stores as they are (a product of a float16 and an
+    8-bit integer fits in float32's mantissa): the rows a dequantized copy of the table holds."""
+
+    def __init__(self, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                 bits: int, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        tiles, groups, _ = weights.shape
+        self.dtype = dtype  # of the rows it gives
+        self.num_embeddings, self.embedding_dim = tiles * TILE, groups * GROUP
+        self.bits = bits
+        self.weights = nn.Buffer(weights)
+        self.scales = nn.Buffer(scales)
+        self.mins = nn.Buffer(mins)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        tiles, lanes = flat // TILE, flat % TILE
+        rows = torch.arange(flat.shape[0], device=flat.device)
+        u = self.weights[tiles]  # [N, groups, bytes]: each token's whole tile
+        groups = u.shape[1]
+        if self.bits == 4:  # chunks 2p and 2p+1 in the low and high nibbles of pair p
+            pairs = u.view(-1, groups, GROUP // CHUNK // 2, 1, TILE, CHUNK)
+            u = torch.cat([pairs & 15, pairs >> 4], dim=3)
+        u = u.view(-1, groups, GROUP // CHUNK, TILE, CHUNK).permute(0, 3, 1, 2, 4)
+        u = u[rows, lanes].reshape(-1, groups, GROUP)  # [N, groups, 32]: the token's row
+        d = self.scales[tiles].transpose(1, 2)[rows, lanes]  # [N, groups]
+        m = self.mins[tiles].transpose(1, 2)[rows, lanes]
+        w = u.float() * d.float()[..., None] + m.float()[..., None]
+        return w.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int{self.bits} groups of {GROUP}"
+
+
 def fits(out_features: int, in_features: int) -> bool:
     """Whether the kernel takes a layer of this shape (whole tiles and groups)."""
     return out_features % TILE == 0 and in_features % GROUP == 0
