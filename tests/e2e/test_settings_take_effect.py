@@ -204,14 +204,14 @@ async def test_option_chat_template_renders_the_prompt(tiny_dir, given):
         (tiny_dir / "plain.jinja").write_text(PLAIN)
     value = PLAIN if given == "inline" else "plain.jinja"  # a file relative to the model dir
     engine = built_engine(tiny_dir, f"option.chat_template={value}")
-    rendered = render_chat_prompt(engine.tokenizer, parse_chat_request({"messages": HELLO}))
+    rendered = render_chat_prompt(engine.tokenizer, parse_chat_request({"messages": HELLO})).text
     assert rendered == "[user] Hello there\n[assistant]"
     assert await chat_prompt_tokens(engine) == len(engine.tokenizer.encode(rendered))
 
 
 async def test_without_option_chat_template_the_models_own_renders_it(tiny_dir):
     engine = built_engine(tiny_dir)
-    rendered = render_chat_prompt(engine.tokenizer, parse_chat_request({"messages": HELLO}))
+    rendered = render_chat_prompt(engine.tokenizer, parse_chat_request({"messages": HELLO})).text
     assert rendered.startswith("<|im_start|>") and "[user]" not in rendered
     assert await chat_prompt_tokens(engine) == len(engine.tokenizer.encode(rendered))
 
