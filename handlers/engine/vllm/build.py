@@ -42,6 +42,26 @@ def build(config: Config) -> EngineBuild:
     its own: handlers.engine.stepped)."""
     model_dir = model_directory(config)
     config = with_source_adapters(config, model_dir)
+    _log_adapters(config)
+    args = engine_args(config, model_dir)
+    hf_tokenizer = tokenizer(config, model_dir, media_reader(config, model_dir))
+    parsing = VllmAnswerParsing(config, hf_tokenizer.hf) \
+        if config.reasoning_parser or config.tool_call_parser else None
+    readings = SchedulerReadings()
+
+    def launch() -> AsyncLLMEngine:  # the engine core and its workers, started
+        return AsyncLLMEngine.from_engine_args(args, stat_loggers=[readings.factory])
+
+    engine = VllmEngine(launch(), hf_tokenizer, config.model_name,
+                        stall_timeout=config.engine_stall_timeout or None,
+                        adapters=[(a.name, str(a.path)) for a in config.adapters],
+                        answer_parsing=parsing, readings=readings, relaunch=launch)
+    return EngineBuild(engine)
+
+
+def engine_args(config: Config, model_dir: Path) -> AsyncEngineArgs:
+    """vLLM's engine arguments for `config` serving `model_dir`, with the workers' placement
+    checked (their threads bound, on the CPU build): the leader's and every follower's."""
     gpus = torch.cuda.device_count()
     kwargs = engine_kwargs(config, str(model_dir), vllm_fields(), gpus)
     check_split(config, kwargs, model_shape(model_dir, config.trust_remote_code))
@@ -54,24 +74,11 @@ def build(config: Config) -> EngineBuild:
     kwargs.setdefault("structured_outputs_config", StructuredOutputsConfig(
         backend="xgrammar", disable_any_whitespace=True))
     _check_device(config)
-    _log_adapters(config)
     log.info("vLLM engine arguments: %s", {k: v for k, v in kwargs.items() if "token" not in k})
     try:
-        args = AsyncEngineArgs(**kwargs)
+        return AsyncEngineArgs(**kwargs)
     except (TypeError, ValueError) as exc:  # a conflicting pair of arguments, a bad value
         raise ConfigError(f"vLLM refuses its engine arguments: {exc}") from exc
-    hf_tokenizer = tokenizer(config, model_dir, media_reader(config, model_dir))
-    parsing = VllmAnswerParsing(config, hf_tokenizer.hf) \
-        if config.reasoning_parser or config.tool_call_parser else None
-    readings = SchedulerReadings()
-    def launch() -> AsyncLLMEngine:  # the engine core and its workers, started
-        return AsyncLLMEngine.from_engine_args(args, stat_loggers=[readings.factory])
-
-    engine = VllmEngine(launch(), hf_tokenizer, config.model_name,
-                        stall_timeout=config.engine_stall_timeout or None,
-                        adapters=[(a.name, str(a.path)) for a in config.adapters],
-                        answer_parsing=parsing, readings=readings, relaunch=launch)
-    return EngineBuild(engine)
 
 
 def _log_adapters(config: Config) -> None:

@@ -15,28 +15,21 @@ import signal
 import socket
 import threading
 
-import torch
-from vllm import AsyncEngineArgs
 from vllm.usage.usage_lib import UsageContext
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-from handlers.config import Config, ConfigError
-from handlers.engine.vllm.args import engine_kwargs, vllm_fields
-from handlers.engine.vllm.build import model_directory
-from handlers.engine.vllm.placement import allowed_cpus, bind_cpu_workers
+from handlers.config import Config, ConfigError, with_source_adapters
+from handlers.engine.vllm.build import engine_args, model_directory
 
 log = logging.getLogger(__name__)
 
 
 def run_follower(config: Config) -> int:
     """Run this node's workers until they end (SIGTERM, or the leader going away)."""
-    gpus = torch.cuda.device_count()
-    kwargs = engine_kwargs(config, str(model_directory(config)), vllm_fields(), gpus)
-    if gpus == 0:
-        bind_cpu_workers(config, kwargs, allowed_cpus())
+    model_dir = model_directory(config)
+    args = engine_args(with_source_adapters(config, model_dir), model_dir)
     try:
-        vllm_config = AsyncEngineArgs(**kwargs).create_engine_config(
-            UsageContext.OPENAI_API_SERVER, headless=True)
+        vllm_config = args.create_engine_config(UsageContext.OPENAI_API_SERVER, headless=True)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"vLLM refuses its engine arguments: {exc}") from exc
     parallel = vllm_config.parallel_config

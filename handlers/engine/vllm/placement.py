@@ -53,10 +53,10 @@ def model_shape(model_dir: Path, trust_remote_code: bool = False) -> Shape | Non
 
 def check_split(config: Config, kwargs: dict, shape: Shape | None) -> None:
     """ConfigError naming the setting when the model cannot be split as asked."""
-    tp = int(kwargs.get("tensor_parallel_size", 1))
-    pp = int(kwargs.get("pipeline_parallel_size", 1))
     if shape is None:
         return
+    tp = int(kwargs.get("tensor_parallel_size", 1))
+    pp = int(kwargs.get("pipeline_parallel_size", 1))
     if tp > 1 and shape.attention_heads % tp:
         raise ConfigError(
             f"{_given(config, 'tensor_parallel')}: the model's {shape.attention_heads} "
