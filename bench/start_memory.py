@@ -45,7 +45,14 @@ def one_start(model: str, cache_dir: Path, options: list[str], log: Path) -> dic
             "peak_ready_gib": round(ready["VmHWM"] / 2**20, 3),
             "rss_after_answer_gib": round(served["VmRSS"] / 2**20, 3),
             "peak_after_answer_gib": round(served["VmHWM"] / 2**20, 3),
-            "file_gib": round(Path(model).stat().st_size / 2**30, 3)}
+            "file_gib": round(_size(Path(model)) / 2**30, 3)}
+
+
+def _size(model: Path) -> int:
+    """The model's bytes: a file's, or a checkpoint directory's files'."""
+    if model.is_file():
+        return model.stat().st_size
+    return sum(file.stat().st_size for file in model.rglob("*") if file.is_file())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -177,6 +177,12 @@ def test_on_quantized_linears_one_graph_gives_a_row_the_eager_steps_logits_in_an
     loaded = load_model(tiny_dir, dtype="fp32", device="cpu", quantize="int4")
     graphs = started(loaded, cache_dir)
     assert graphs.counts() == {"decode_graphs_ready": 1, "decode_graphs_total": 1}
+    # The graph reads the server's own blocks, not a mapped copy of them (issue 50's item 4).
+    blocks = {id(buffer) for module in loaded.model.modules()
+              if isinstance(module, (quant_linear.QuantLinear, quant_linear.QuantEmbedding))
+              for buffer in module.buffers()}
+    [shared] = graphs.shared_constants.values()
+    assert shared >= len(blocks) > 0
     fast = ModelRunner(loaded.model, SLOTS, loaded.max_model_len, graphs,
                        kv_dtype=graphs.kv_dtype)
     eager = ModelRunner(load_model(tiny_dir, dtype="fp32", device="cpu", quantize="int4").model,

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from handlers.engine.loop.runner import PrefillChunk
 from handlers.engine.plain_tokenizer import PlainTokenizer
+from handlers.engine.torch.fused_projections import fuse_projections
 from handlers.engine.torch.llama_model import LlamaCausalLM
 from handlers.engine.torch.loader import load_model
 from handlers.engine.torch.model_runner import ModelRunner
@@ -58,6 +59,7 @@ def test_it_computes_what_transformers_model_computes(tmp_path: Path, tiny_dir: 
     ours = load_model(directory, dtype=dtype, device="cpu")
     theirs = AutoModelForCausalLM.from_pretrained(directory, dtype=ours.dtype).eval()
     assert type(ours.model) is LlamaCausalLM and type(theirs) is LlamaForCausalLM
+    fuse_projections(theirs)  # ours reads q/k/v and gate/up joined, as they are served
     mine, reference = ours.model.state_dict(), theirs.state_dict()
     assert mine.keys() == reference.keys()
     assert all(torch.equal(mine[name], reference[name]) for name in mine)

@@ -19,7 +19,7 @@ from handlers.config import ConfigError, load_config, parse_args
 from handlers.engine import registry
 from handlers.engine.torch.engine import TorchEngine
 from handlers.engine.torch.loader import load_model
-from handlers.engine.torch.quant_linear import QuantLinear, available
+from handlers.engine.torch.quant_linear import QuantEmbedding, QuantLinear, available
 from handlers.model_source import default_model_path
 
 pytestmark = pytest.mark.skipif(not available(), reason="no C++ compiler here")
@@ -36,7 +36,9 @@ def tiny_dir(tmp_path_factory):
 async def test_seeded_tokens_do_not_depend_on_the_batch_on_quantized_linears(tiny_dir, mode):
     loaded = load_model(tiny_dir, dtype="fp32", quantize=mode)
     layers = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
-    assert loaded.quantize == mode and len(layers) == 2 * 7 + 1  # 2 layers' 7, and the head
+    # 2 layers' 4 (q/k/v and gate/up read joined), and the head over the 8-bit embedding's blocks
+    assert loaded.quantize == mode and len(layers) == 2 * 4 + 1
+    assert isinstance(loaded.model.model.embed_tokens, QuantEmbedding)
     engine = TorchEngine(loaded, max_batch_size=8)
     await engine.start()
     try:

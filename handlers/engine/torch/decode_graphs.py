@@ -73,8 +73,11 @@ class DecodeGraphs:
     """The compiled decode graphs of one model: loaded from the cache or compiled beside the
     server, usable by `for_rows` once each is loaded."""
 
-    def __init__(self, directory: Path, job: dict, specs: list[GraphSpec]) -> None:
+    def __init__(self, directory: Path, job: dict, specs: list[GraphSpec],
+                 model: nn.Module | None = None) -> None:
         self.directory, self._job, self._specs = directory, job, specs
+        self._model = model  # whose unchanged tensors the graphs read instead of copies
+        self.shared_constants: dict[str, int] = {}  # per graph: constants that are the model's
         self.kv_dtype = kv_dtype.DTYPES[job["kv_cache_dtype"]]  # the cache they read and write
         self._graphs: dict[str, Graph] = {}
         self._constants = graph_constants.ConstantStore(directory)
@@ -104,12 +107,12 @@ class DecodeGraphs:
             level, directory = found
             log.info("decode graphs compiled ahead for %s found in %s: nothing to compile",
                      level, directory)
-            return DecodeGraphs(directory, {**job, "target": level}, specs)
+            return DecodeGraphs(directory, {**job, "target": level}, specs, loaded.model)
         target = graph_target.for_compile(job["dtype"])
         directory = (cache_dir or default_cache_dir()) / "decode-graphs" / _key(weights, target)
         log.info("decode graphs for %s: from the writable cache, %s (compiled there where "
                  "missing)", target, directory)
-        return DecodeGraphs(directory, {**job, "target": target}, specs)
+        return DecodeGraphs(directory, {**job, "target": target}, specs, loaded.model)
 
     def start(self) -> None:
         """Load the graphs from the cache, or compile them beside the server (once)."""
@@ -156,12 +159,23 @@ class DecodeGraphs:
             _read_ahead(file)
         graph = graph_runner.load(path)
         _remove_extracted()
+        shared = 0
         if constants.exists():  # else they are in the package (bf16's packed weights)
-            self._constants.attach(graph, spec.name)
+            shared = self._constants.attach(graph, spec.name, self._own_tensors())
+        self.shared_constants[spec.name] = shared
         self._graphs[spec.name] = graph
-        log.info("decode graph %s ready (%s, loaded in %.1f s)", spec.name, path,
-                 time.perf_counter() - began)
+        log.info("decode graph %s ready (%s, loaded in %.1f s; %d of its constants the "
+                 "server's own tensors)", spec.name, path, time.perf_counter() - began, shared)
         return True
+
+    def _own_tensors(self) -> dict[str, torch.Tensor]:
+        """The model's tensors as the step names them (every alias of a shared one), as they
+        are now: after the engine repacked what it repacks."""
+        if self._model is None:
+            return {}
+        named = (*self._model.named_parameters(remove_duplicate=False),
+                 *self._model.named_buffers(remove_duplicate=False))
+        return {f"model.{name}": tensor.detach() for name, tensor in named}
 
     def _compile(self, pending: list[GraphSpec]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

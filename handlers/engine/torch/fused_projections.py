@@ -80,7 +80,11 @@ def fuse_projections(model: nn.Module) -> int:
     bias setting, or of quantized ones (quant_linear.py) with one input size; the number of
     groups fused."""
     fused = 0
-    for module in list(model.modules()):
+    # The parents only: a list of every module would keep each replaced projection's weights
+    # alive until the end, holding the model's projections twice at the peak of a start.
+    parents = [module for module in model.modules()
+               if any(hasattr(module, names[0]) for names in GROUPS)]
+    for module in parents:
         for names in GROUPS:
             linears = [getattr(module, name, None) for name in names]
             if _fusable(linears):

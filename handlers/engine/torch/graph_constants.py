@@ -7,7 +7,9 @@ kernels never read. Here they are compiled out of the library (`pickle_weights`)
 into one file per graph, each distinct tensor stored once per directory (the graphs share most
 packed weights), and the server maps those files read-only and hands the tensors to the graph
 (`user_managed`): only the pages a graph reads become resident, as page cache that servers on
-the same machine share.
+the same machine share. A constant the server holds itself, unchanged (the quantized blocks
+that the kernel's op reads as they are), is the server's own tensor instead: the graphs then
+cost no memory for them at all.
 """
 
 from __future__ import annotations
@@ -55,15 +57,32 @@ class ConstantStore:
         self.directory = directory
         self._files: dict[Path, dict] = {}
 
-    def attach(self, graph: Package | AOTICompiledModel, name: str) -> None:
-        """Give `graph` (the package `name`) its constants, mapped from the files."""
+    def attach(self, graph: Package | AOTICompiledModel, name: str,
+               own: dict[str, torch.Tensor] | None = None) -> int:
+        """Give `graph` (the package `name`) its constants: the server's own tensor where `own`
+        (the step's tensors by name: the model's, prefixed `model.`) has one of that name and
+        layout, which the graphs' key guarantees holds the same values (decode_graphs.py's
+        weights_digest), so that weights the graph reads as they are (the quantized kernel's
+        blocks) are not held a second time; the rest mapped from the files. Returns how many
+        came from `own`."""
         for path in _stores(self.directory):
             if path not in self._files:
                 self._files[path] = _load(path)
         tensors = {k: t for saved in self._files.values() for k, t in saved["tensors"].items()}
         names = self._files[self.directory / f"{name}{SUFFIX}"]["names"]
-        graph.load_constants({fqn: tensors[key] for fqn, key in names.items()},
-                             check_full_update=True, user_managed=True)
+        constants = {fqn: _same_layout((own or {}).get(fqn), tensors[key])
+                     for fqn, key in names.items()}
+        graph.load_constants(constants, check_full_update=True, user_managed=True)
+        return sum(constants[fqn] is not tensors[key] for fqn, key in names.items())
+
+
+def _same_layout(own: torch.Tensor | None, stored: torch.Tensor) -> torch.Tensor:
+    """`own` where it has `stored`'s shape, strides and dtype (a packed copy of another layout
+    does not), else `stored`."""
+    if own is not None and own.dtype == stored.dtype and own.shape == stored.shape \
+            and own.stride() == stored.stride() and own.device == stored.device:
+        return own
+    return stored
 
 
 def _stores(directory: Path) -> list[Path]:

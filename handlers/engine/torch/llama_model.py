@@ -13,13 +13,17 @@ quantization) is loaded by transformers, as is every model off the CPU.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
+
+from handlers.engine.torch.checkpoint_files import Checkpoint
+from handlers.engine.torch.fused_projections import GROUPS, SharedProjection, share
+from handlers.engine.torch.quant_linear import QuantEmbedding, QuantLinear, fits
 
 ARCHITECTURE = "LlamaForCausalLM"
 _TRANSFORMERS_LLAMA = "transformers.models.llama.modeling_llama"
@@ -206,21 +210,82 @@ class LlamaCausalLM(nn.Module):
         return self.lm_head
 
 
-def load(directory: Path, dtype: torch.dtype) -> LlamaCausalLM:
-    """The checkpoint in `directory` (which `unsupported` accepted) in `dtype`, in eval mode."""
+def load(directory: Path, dtype: torch.dtype,
+         widths: Callable[[str], int | None] | None = None) -> LlamaCausalLM:
+    """The checkpoint in `directory` (which `unsupported` accepted) in `dtype`, in eval mode,
+    read a tensor at a time (checkpoint_files.py), each layer's q/k/v and gate/up read into one
+    joined projection (fused_projections.py), as they are served. `widths`: the bits a linear
+    layer (by module name) is quantized to as it is read, None to keep it float; with it, the
+    token embedding is read into 8-bit blocks too (`QuantEmbedding`), which a tied head shares."""
     config = settings(directory)
     generation_file = directory / "generation_config.json"
     generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
     rotary = RotaryAngles(config.head_dim, config.rope_theta)  # computed: not on meta
     with torch.device("meta"):  # the weights come from the files: allocate none here
         model = LlamaCausalLM(config, generation, rotary)
-    weights: dict[str, torch.Tensor] = {}
-    for file in _weight_files(directory):
-        weights.update(load_file(file))
-    if config.tie_word_embeddings:  # the embedding is the head (the file may lack the head)
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    weights = {name: tensor.to(dtype) for name, tensor in weights.items()}
-    model.load_state_dict(weights, strict=True, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    with Checkpoint(_weight_files(directory)) as checkpoint:
+        for parent, names in _linear_groups(model):
+            modules = [f"{parent}.{name}" if parent else name for name in names]
+            linear = _read_linear(checkpoint, modules, dtype, widths)
+            if len(names) == 1:
+                model.set_submodule(modules[0], linear)
+            else:
+                sizes = [checkpoint.entries[f"{m}.weight"].shape[0] for m in modules]
+                share(model.get_submodule(parent), names, SharedProjection.over(linear, sizes))
+        _read_embedding(model, checkpoint, dtype, widths is not None)
+        norms = {name: checkpoint.read([name], dtype) for name in checkpoint.entries
+                 if name.endswith("norm.weight")}
+    model.load_state_dict(norms, strict=False, assign=True)
+    missing = [name for name, tensor in model.state_dict().items() if tensor.is_meta]
+    if missing:
+        raise ValueError(f"{directory}: the checkpoint has no tensors for {', '.join(missing[:5])}")
     return model.eval()
+
+
+_EMBEDDING_BITS = 8  # a quantized model's token embedding (and a tied head): as llama.cpp's files
+
+
+def _linear_groups(model: LlamaCausalLM) -> list[tuple[str, tuple[str, ...]]]:
+    """(parent module, projections read together) of every layer, and the head where untied."""
+    groups = []
+    for index in range(model.config.num_hidden_layers):
+        layer = f"model.layers.{index}"
+        groups += [(f"{layer}.self_attn", GROUPS[0]), (f"{layer}.self_attn", ("o_proj",)),
+                   (f"{layer}.mlp", GROUPS[1]), (f"{layer}.mlp", ("down_proj",))]
+    if not model.config.tie_word_embeddings:
+        groups.append(("", ("lm_head",)))
+    return groups
+
+
+def _read_linear(checkpoint: Checkpoint, modules: list[str], dtype: torch.dtype,
+                 widths: Callable[[str], int | None] | None) -> nn.Module:
+    """One linear layer computing `modules`' outputs one after another: quantized blocks where
+    `widths` gives their width and the kernel takes the shape, else float in `dtype`."""
+    names = [f"{module}.weight" for module in modules]
+    rows = sum(checkpoint.entries[name].shape[0] for name in names)
+    size = checkpoint.entries[names[0]].shape[1]
+    bits = {widths(module) for module in modules} if widths else {None}
+    if None not in bits and all(fits(checkpoint.entries[n].shape[0], size) for n in names):
+        width = max(bits)
+        return QuantLinear.packed(*checkpoint.quantized(names, width), width)
+    with torch.device("meta"):
+        linear = nn.Linear(size, rows, bias=False, dtype=dtype)
+    linear.weight = nn.Parameter(checkpoint.read(names, dtype), requires_grad=False)
+    return linear
+
+
+def _read_embedding(model: LlamaCausalLM, checkpoint: Checkpoint, dtype: torch.dtype,
+                    quantize: bool) -> None:
+    """The token embedding, and a tied head over it (the file may lack the head, or repeat it)."""
+    name = "model.embed_tokens.weight"
+    shape = checkpoint.entries[name].shape
+    if quantize and fits(*shape):
+        packed = checkpoint.quantized([name], _EMBEDDING_BITS)
+        model.model.embed_tokens = QuantEmbedding(*packed, _EMBEDDING_BITS, dtype)
+        if model.config.tie_word_embeddings:
+            model.lm_head = QuantLinear.packed(*packed, _EMBEDDING_BITS)
+        return
+    weight = nn.Parameter(checkpoint.read([name], dtype), requires_grad=False)
+    model.model.embed_tokens.weight = weight
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = weight  # one parameter, as transformers' tied head

@@ -108,7 +108,7 @@ def load_model(
     started = time.perf_counter()
     target = resolve_device(device)
     check_dtype(dtype)  # reject a bad option.dtype or option.quantize before any slow work
-    plan = quantization.plan(quantize, source, target)
+    plan = quantization.plan(quantize, source, target, dtype)
     if plan.mode != "none" and dtype.lower() == "auto":
         dtype = "fp32"  # the quantized linears take float32 in; the rest follows
     elif plan.float_dtype is not None and dtype.lower() == "auto":
@@ -121,14 +121,14 @@ def load_model(
         model, tokenizer, origin, quantized = blocks
     else:
         model, tokenizer, origin = _load_weights(source, dtype, target, trust_remote_code,
-                                                 cache_dir)
-        quantized = "none"
+                                                 cache_dir, plan.mode)
+        quantized = quantization.linear_widths(model)
         if not isinstance(tokenizer, (str, bytes)) and hasattr(tokenizer, "tokenizer") \
                 and hasattr(tokenizer, "image_processor"):  # a multimodal model's processor
             processor, tokenizer = tokenizer, tokenizer.tokenizer
             if processor.chat_template and not getattr(tokenizer, "chat_template", None):
                 tokenizer.chat_template = processor.chat_template
-    if blocks is None and plan.mode != "none":
+    if blocks is None and plan.mode != "none" and quantized == "none":
         quantized = quantization.quantize_model(model, plan.mode, source, cache_dir)
         origin += f"; linear layers {quantized}"
     model.to(target).eval()
@@ -150,7 +150,28 @@ def load_model(
         loaded.name, source, origin, loaded.dtype, target, loaded.max_model_len,
         sorted(loaded.eos_token_ids), time.perf_counter() - started,
     )  # fmt: skip
+    logger.info("Weights of %s: %s", loaded.name, _weights_summary(model))
     return loaded
+
+
+def _weights_summary(model: nn.Module) -> str:
+    """What the linears, the token embedding and the output head are held in (the log's)."""
+    def held(module: nn.Module | None) -> str:
+        bits = getattr(module, "bits", None)
+        if bits is not None:
+            return f"int{bits} blocks"
+        weight = getattr(module, "weight", None)
+        return "-" if weight is None else str(weight.dtype).removeprefix("torch.")
+
+    linears = quantization.linear_widths(model)
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") \
+        else model.get_decoder().embed_tokens
+    head = model.get_output_embeddings()
+    tied = any(getattr(head, field, None) is not None
+               and getattr(head, field, None) is getattr(embedding, field, None)
+               for field in ("weight", "weights"))
+    return (f"linear layers {linears if linears != 'none' else 'float'}, token embedding "
+            f"{held(embedding)}, output head {held(head)}{' (tied: the same)' if tied else ''}")
 
 
 def _gguf_blocks(source: Path, mode: str, dtype: str, target: torch.device,
@@ -174,10 +195,12 @@ def _gguf_blocks(source: Path, mode: str, dtype: str, target: torch.device,
 
 
 def _load_weights(
-    source: Path, dtype: str, target: torch.device, trust_remote_code: bool, cache_dir: Path | None
+    source: Path, dtype: str, target: torch.device, trust_remote_code: bool,
+    cache_dir: Path | None, mode: str,
 ) -> tuple[nn.Module, PreTrainedTokenizerBase, str]:
-    """The model (in its final dtype, still on CPU or `target`), its tokenizer, and a note on
-    where the weights were read from."""
+    """The model (in its final dtype, still on CPU or `target`; a Llama checkpoint's linears
+    quantized for `mode` as they are read), its tokenizer, and a note on where the weights were
+    read from."""
     origin = "safetensors checkpoint"
     if source.suffix.lower() == ".gguf":
         entry = gguf_cache_entry(source, cache_dir)
@@ -188,7 +211,8 @@ def _load_weights(
         source, origin = entry, f"GGUF, cached conversion in {entry}"
     why_not = "not on the CPU" if target.type != "cpu" else llama_model.unsupported(source)
     if why_not is None:
-        model = llama_model.load(source, resolve_dtype(dtype, target, None))
+        model = llama_model.load(source, resolve_dtype(dtype, target, None),
+                                 quantization.load_widths(mode))
         return model, _llama_tokenizer(source), origin
     logger.info("Loading %s with transformers' classes (%s)", source, why_not)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

@@ -49,12 +49,14 @@ def from_float(weight: torch.Tensor, bits: int) -> QuantizedWeight:
     if bits not in LEVELS:
         raise ValueError(f"bits must be 4 or 8, not {bits}")
     out, size = weight.shape
-    w = weight.detach().float().reshape(out, size // GROUP, GROUP)
+    # One float copy, computed on in place: quantizing a checkpoint as it is read holds the
+    # quantized model and this chunk's copy, not several temporaries of it.
+    w = weight.detach().to(torch.float32, copy=True).reshape(out, size // GROUP, GROUP)
     low, high = w.amin(-1), w.amax(-1)
     scales, mins = ((high - low) / LEVELS[bits]).half(), low.half()
     d, m = scales.float()[..., None], mins.float()[..., None]
-    u = torch.where(d > 0, torch.round((w - m) / torch.where(d > 0, d, 1)), 0)
-    values = u.clamp(0, LEVELS[bits]).to(torch.uint8).reshape(out, size)
+    u = w.sub_(m).div_(torch.where(d > 0, d, 1)).round_().mul_(d > 0)
+    values = u.clamp_(0, LEVELS[bits]).to(torch.uint8).reshape(out, size)
     return QuantizedWeight(values, scales, mins, bits)
 
 

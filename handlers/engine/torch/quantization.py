@@ -10,7 +10,11 @@
   GGUF where the kernel is faster; a float checkpoint has none).
 - `auto` (the default): a GGUF's own blocks where the kernel beats float matmul on this CPU
   (a probe at startup, logged), its float tensors staying float; a float checkpoint keeps its
-  float weights.
+  float weights, except 16-bit ones on a CPU without fast bf16, which `int8` reads into 8-bit
+  blocks rather than a float32 copy twice their size.
+
+A float checkpoint's linears (and its token embedding, at 8 bits) are quantized as its files are
+read (checkpoint_files.py), where llama_model.py builds it; others are quantized after loading.
 
 Blocks are read from GGUFs of Llama-architecture models (llama.cpp's converter reorders their
 q/k rows; gguf_blocks.py puts them back); `int8` and `int4` quantize other GGUFs from their
@@ -19,7 +23,9 @@ float values, `gguf` and `auto` leave them float.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,8 +71,8 @@ def check_mode(value: str | None) -> str:
     return mode
 
 
-def plan(value: str | None, source: Path, device: torch.device) -> Plan:
-    """What option.quantize=`value` does for `source` on `device`."""
+def plan(value: str | None, source: Path, device: torch.device, dtype: str = "auto") -> Plan:
+    """What option.quantize=`value` does for `source` on `device` (`dtype`: option.dtype)."""
     mode = check_mode(value)
     if mode == "none":
         return Plan("none", "option.quantize=none")
@@ -79,9 +85,46 @@ def plan(value: str | None, source: Path, device: torch.device) -> Plan:
     if explicit:
         return Plan(mode, f"option.quantize={mode}")
     if source.suffix.lower() != ".gguf":
-        return Plan("none", "a float checkpoint keeps its float weights (option.quantize=int8 "
-                            "or int4 quantizes it at load)")
+        return _float_checkpoint(source, dtype)
     return _probe()
+
+
+def _float_checkpoint(source: Path, dtype: str) -> Plan:
+    """`auto` for a float checkpoint: its float weights, unless serving them would mean a
+    float32 copy of 16-bit files (a CPU without fast bf16): then 8-bit blocks, quantized while
+    the files are read, half the files' size instead of twice it."""
+    if dtype.lower() != "auto":
+        return Plan("none", f"a float checkpoint keeps its float weights at option.dtype={dtype}")
+    stored = _checkpoint_dtype(source)
+    chosen, why = choose_cpu_dtype()
+    if stored in (torch.float16, torch.bfloat16) and chosen == torch.float32:
+        name = str(stored).removeprefix("torch.")
+        return Plan("int8", f"{name} weights would be copied to float32 (2x the files) on this "
+                            f"CPU ({why}): quantized to 8 bits as they are read instead "
+                            "(option.quantize=none keeps float32)", chosen)
+    return Plan("none", "a float checkpoint keeps its float weights (option.quantize=int8 or "
+                        "int4 quantizes them as they are read)", chosen)
+
+
+def _checkpoint_dtype(source: Path) -> torch.dtype | None:
+    """The dtype config.json says the weights are stored in."""
+    try:
+        config = json.loads((source / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    named = config.get("dtype") or config.get("torch_dtype")
+    value = getattr(torch, named, None) if isinstance(named, str) else None
+    return value if isinstance(value, torch.dtype) else None
+
+
+def load_widths(mode: str) -> Callable[[str], int] | None:
+    """The bits each linear layer of a float checkpoint is quantized to as it is read, by
+    module name, under `mode` (None: float): the head at 8 bits, as llama.cpp's 4-bit files keep
+    theirs wider."""
+    if mode not in ("int8", "int4"):
+        return None
+    bits = 4 if mode == "int4" else 8
+    return lambda name: 8 if name == "lm_head" else bits
 
 
 def _unavailable(device: torch.device) -> str | None:
@@ -131,7 +174,6 @@ def quantize_model(model: nn.Module, mode: str, source: Path,
         config = model.config
         blocks = gguf_blocks.cached_blocks(source, config.num_attention_heads,
                                            config.num_key_value_heads, cache_dir)
-    widths = set()
     for name, linear in [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]:
         if linear.bias is not None or not quant_linear.fits(linear.out_features,
                                                             linear.in_features):
@@ -144,5 +186,10 @@ def quantize_model(model: nn.Module, mode: str, source: Path,
         elif mode == "int8" and weight.bits == 4:
             weight = QuantizedWeight(weight.values, weight.scales, weight.mins, 8)
         model.set_submodule(name, QuantLinear(weight))
-        widths.add(weight.bits)
+    return linear_widths(model)
+
+
+def linear_widths(model: nn.Module) -> str:
+    """What `model`'s linears are: none (float), int8 or int4 (the narrowest)."""
+    widths = {module.bits for module in model.modules() if isinstance(module, QuantLinear)}
     return "none" if not widths else f"int{min(widths)}"
