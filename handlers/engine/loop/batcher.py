@@ -24,7 +24,9 @@ import torch
 
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
 from handlers.engine.grammars import Grammars, mask_logits
+from handlers.engine.kv_budget import KVBudget
 from handlers.engine.loop import sampling
+from handlers.engine.loop.admission import TokenBudget
 from handlers.engine.loop.prefix_cache import BLOCK, PrefixCache
 from handlers.engine.loop.runner import PrefillChunk, Runner
 from handlers.engine.loop.sequence import RequestState, Sequence, Thinking, make_token
@@ -52,6 +54,7 @@ class ContinuousBatcher:
         max_model_len: int,
         counters: dict[str, int] | None = None,  # carried over from a batcher this replaces
         prefix_cache_bytes: int = 0,  # keys/values of recent prompts kept for reuse; 0: none
+        kv_budget: KVBudget | None = None,  # what the running sequences' keys/values may take
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -74,6 +77,7 @@ class ContinuousBatcher:
         self.prefix = (PrefixCache(runner, prefix_cache_bytes // runner.kv_bytes_per_token,
                                    self.counters, runner.prefix_places)
                        if prefix_cache_bytes else None)
+        self.admission = TokenBudget.of(kv_budget, runner.kv_bytes_per_token, max_model_len)
 
     # -- public surface -------------------------------------------------------------------------
 
@@ -86,6 +90,7 @@ class ContinuousBatcher:
         for request in self.waiting:
             if request.request_id == request_id:
                 self.waiting.remove(request)
+                self.admission.release(request_id)
                 return None
         state = self.states.get(request_id)
         if state is None:
@@ -107,7 +112,9 @@ class ContinuousBatcher:
         # What the slots and the kept prefixes can hold, in the prefix cache's blocks.
         kept = self.prefix.max_tokens if self.prefix is not None else 0
         stats["kv_cache_block_size"] = BLOCK
-        stats["kv_cache_blocks"] = (self.max_batch_size * self.max_model_len + kept) // BLOCK
+        slots = min(self.max_batch_size * self.max_model_len, self.admission.tokens)
+        stats.update(self.admission.stats())
+        stats["kv_cache_blocks"] = (slots + kept) // BLOCK
         if self.prefix is not None:
             stats["prefix_cache_pinned_tokens"] = self.prefix.pinned_tokens
         return stats
@@ -189,18 +196,21 @@ class ContinuousBatcher:
         while self.waiting:
             index = self._next(in_batch)
             request = self.waiting[index]
-            if self._used_slots() + request.params.num_sequences > self.max_batch_size:
-                break
+            if self._used_slots() + request.params.num_sequences > self.max_batch_size \
+                    or not self.admission.fits(request, self.waiting):
+                break  # it waits for room, and so do those behind it
             del self.waiting[index]
             slot = self._free_slot()
             try:
                 if not self.runner.use_adapter(slot, request.adapter):
                     held.append(request)
                     continue
+                self.admission.reserve(request)  # before its sequences read max_new_tokens
                 state = self._new_state(request)
             except Exception as exc:  # a request that cannot start fails alone
                 log.exception("request %s failed to start", request.request_id)
                 self.runner.use_adapter(slot, None)
+                self.admission.release(request.request_id)
                 self._fail_unstarted(request, exc)
                 continue
             in_batch[_group(request)] += len(state.sequences)
@@ -573,6 +583,7 @@ class ContinuousBatcher:
         for request_id in [r for r, s in self.states.items() if s.finished]:
             del self.states[request_id]
             self.counters["finished_requests"] += 1
+            self.admission.release(request_id)
 
 
 def _group(request: GenerationRequest) -> str:
