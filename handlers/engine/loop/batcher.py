@@ -1,7 +1,8 @@
 """Continuous batching: the synchronous `step()` at the heart of the engines that step in a
 thread (torch, llama.cpp), over the engine's `Runner`.
 
-Each step admits waiting requests while cache slots are free (a prompt that begins as a recent
+Each step admits waiting requests while cache slots are free and, where the engine has a KV
+budget, while the positions they may need fit it (admission.py; a prompt that begins as a recent
 one did starts from that one's keys/values: prefix_cache.py), runs one prefill chunk for
 requests still reading their prompt (bounded by `max_prefill_tokens`, so running sequences never
 stall for long, and shared so that a short prompt never waits behind long ones:
