@@ -108,3 +108,19 @@ def test_a_prompt_that_can_never_fit_is_refused_naming_the_budget(stepper, loade
     assert error.value.field == "inputs"
     assert "budget holds 200 tokens" in error.value.message
     assert SOURCE in error.value.message
+
+
+def test_a_prompt_added_unvalidated_that_cannot_fit_fails_alone(stepper, loaded):
+    """The DJL entry's path may add a tokenized request without validating it: it fails at
+    admission, and the one behind it still runs."""
+    over, after = token_request(prompt(loaded, 250), 5), token_request(prompt(loaded, 20), 5)
+    outputs = []
+    stepper.add(over)
+    stepper.add(after)
+    while stepper.has_work:
+        outputs += stepper.step()
+    failed = [out for out in outputs if out.request_id == over.request_id]
+    assert failed[0].outputs[0].finish_reason == FinishReason.ERROR
+    assert "budget holds 200 tokens" in failed[0].outputs[0].error
+    done = [out for out in outputs if out.request_id == after.request_id][-1]
+    assert done.finished and done.outputs[0].finish_reason == FinishReason.LENGTH

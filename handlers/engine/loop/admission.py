@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from handlers.engine.kv_budget import KVBudget
-from handlers.engine.types import GenerationRequest
+from handlers.engine.types import GenerationRequest, RequestValidationError
 
 UNBOUNDED = 1 << 62  # positions: an engine without a budget
 
@@ -62,10 +62,14 @@ class TokenBudget:
         return False
 
     def reserve(self, request: GenerationRequest) -> None:
-        """`request` starts: hold what it needs, its max_new_tokens cut to what that allows."""
+        """`request` starts: hold what it needs, its max_new_tokens cut to what that allows;
+        RequestValidationError for a prompt that cannot fit (one added without validation)."""
+        params = request.params
+        if why := self.refusal(len(request.prompt_token_ids or ()), params.num_sequences):
+            raise RequestValidationError("inputs", why)
         need, max_new_tokens = self.need(request)
-        if max_new_tokens < request.params.max_new_tokens:
-            request.params = dataclasses.replace(request.params, max_new_tokens=max_new_tokens)
+        if max_new_tokens < params.max_new_tokens:
+            request.params = dataclasses.replace(params, max_new_tokens=max_new_tokens)
         self._held[request.request_id] = need
         self._waiting.discard(request.request_id)
         self.reserved += need
