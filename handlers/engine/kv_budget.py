@@ -11,17 +11,20 @@ Where it comes from, first that applies:
 - else the memory still available once loaded (memory.py: under the cgroup's limit, else the
   machine's MemAvailable), less a margin for the activations of the passes and the rest of the
   process: a tenth of it and HEADROOM_BYTES more.
+
+Available memory leaves out the budgets granted to other engines of the process (memory.grant);
+the engine revokes its own when it shuts down.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
 
 from handlers.config import Config, ConfigError
-from handlers.engine.memory import CGROUP, Memory, memory
+from handlers.engine.memory import CGROUP, Memory, grant, memory
 
 HEADROOM_BYTES = 256 << 20
 MARGIN = 0.1  # of the available memory, kept from a budget computed from it
@@ -32,12 +35,21 @@ GIB = 1 << 30
 class KVBudget:
     bytes: int
     source: str  # the setting, or the measure, it comes from (errors and the log name it)
+    grant: int | None = None  # memory.grant's key, revoked when the engine shuts down
+
+    def granted(self) -> KVBudget:
+        """This budget, its bytes set aside (memory.grant)."""
+        return replace(self, grant=grant(self.bytes))
 
 
 def kv_budget(config: Config, cgroup: Path = CGROUP, used: int | None = None) -> KVBudget:
-    """The budget for `config`, measured now (after loading): `cgroup` is where the container's
-    cgroup is mounted, `used` what this process holds (its resident memory unless given)."""
-    left = memory(cgroup)
+    """The budget for `config`, measured now (after loading) and granted: `cgroup` is where
+    the container's cgroup is mounted, `used` what this process holds (its resident memory
+    unless given)."""
+    return _budget(config, memory(cgroup), used).granted()
+
+
+def _budget(config: Config, left: Memory, used: int | None) -> KVBudget:
     if config.kv_cache_memory_bytes is not None:
         given = _source(config, "kv_cache_memory_bytes")
         if _given(config, "gpu_memory_utilization"):

@@ -2,6 +2,11 @@
 where there is one (cgroup v2's memory.max, v1's memory.limit_in_bytes), for the engines' KV
 budget (kv_budget.py) and the fleet's loader (server/fleet.py).
 
+Memory granted to an engine's KV budget is the engine's from then on, though it becomes memory
+only as sequences fill the cache: `grant` records it, and what is available leaves it out, so a
+model loaded beside (server/fleet.py) or its budget cannot take it too (counted twice once
+written: erring on the side of room).
+
 A cgroup's usage counts the page cache its processes read; the inactive part of it is reclaimed
 before the kernel's OOM killer acts, so it does not count as used here (what `docker stats`
 subtracts too).
@@ -9,6 +14,7 @@ subtracts too).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +25,8 @@ CGROUP = Path("/sys/fs/cgroup")
 _FILES = (("memory.max", "memory.current", "inactive_file"),
           ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes",
            "total_inactive_file"))
+_granted: dict[int, int] = {}  # grant -> bytes
+_grants = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -36,12 +44,24 @@ def memory(cgroup: Path = CGROUP) -> Memory:
     if limit is not None:
         cap, used = limit
         total, available = min(total, cap), min(available, cap - used)
-    return Memory(total, max(available, 0))
+    return Memory(total, max(available - sum(_granted.values()), 0))
 
 
 def available_memory(cgroup: Path = CGROUP) -> int:
     """Bytes free to load into (the fleet's question)."""
     return memory(cgroup).available
+
+
+def grant(size: int) -> int:
+    """Set `size` bytes aside (a KV budget); the grant's key, for `revoke`."""
+    key = next(_grants)
+    _granted[key] = size
+    return key
+
+
+def revoke(key: int | None) -> None:
+    """The grant's engine is gone: its memory is available again."""
+    _granted.pop(key, None)
 
 
 def cgroup_limit(cgroup: Path = CGROUP) -> tuple[int, int] | None:

@@ -11,9 +11,15 @@ import pytest
 
 from handlers.config import ConfigError, load_config, parse_args
 from handlers.engine.kv_budget import HEADROOM_BYTES, MARGIN, kv_budget
-from handlers.engine.memory import Memory, memory
+from handlers.engine.memory import Memory, available_memory, memory, revoke
 
 GIB = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def no_grants_left(monkeypatch):
+    """Each test's budgets are granted in a ledger of its own."""
+    monkeypatch.setattr("handlers.engine.memory._granted", {})
 
 
 def config(tmp_path: Path, *options: str, env: dict[str, str] | None = None):
@@ -111,3 +117,20 @@ def test_nothing_left_once_loaded_stops_startup(tmp_path):
     group = cgroup_v2(tmp_path / "cg", str(GIB), current=GIB - (100 << 20))
     with pytest.raises(ConfigError, match="no memory is left for the KV cache"):
         kv_budget(config(tmp_path), group)
+
+
+def test_a_granted_budget_is_left_out_of_the_next_budget_and_the_fleets_room(tmp_path):
+    """Two models of one process (the fleet's): the first's budget is its memory from then on,
+    though not yet written, so the second's budget and the fleet's loader do not count it as
+    free; it is free again once the first engine is gone."""
+    roomy()
+    group = cgroup_v2(tmp_path / "cg", str(3 * GIB), current=GIB)
+    first = kv_budget(config(tmp_path), group)
+    try:
+        assert available_memory(group) == 2 * GIB - first.bytes
+        second = kv_budget(config(tmp_path), group)
+        revoke(second.grant)
+        assert second.bytes == int((2 * GIB - first.bytes) * (1 - MARGIN)) - HEADROOM_BYTES
+    finally:
+        revoke(first.grant)
+    assert available_memory(group) == 2 * GIB

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from handlers.engine import memory
 from handlers.engine.kv_budget import KVBudget
 from handlers.engine.loop.engine import LoopEngine
 from handlers.engine.media import MediaLimits
@@ -31,6 +32,7 @@ class TorchEngine(LoopEngine):
         """`kv_cache_dtype`: option.kv_cache_dtype's value (kv_dtype.py); `kv_budget`: what
         the running sequences' cache may take (kv_budget.py; None: no bound)."""
         self.graphs = graphs
+        self.kv_budget = kv_budget
         cache, why = kv_dtype.choose(kv_cache_dtype, loaded.model.dtype)
         self.kv_cache_dtype = kv_dtype.name(cache)  # the dtype chosen, as GET /config shows it
         super().__init__(
@@ -51,6 +53,10 @@ class TorchEngine(LoopEngine):
             log.info("KV cache budget: %d tokens (%d bytes at %d bytes a token; the prefix "
                      "cache's %d bytes besides), from %s", self.batcher.admission.tokens,
                      kv_budget.bytes, per_token, prefix_cache_bytes, kv_budget.source)
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        memory.revoke(self.kv_budget and self.kv_budget.grant)  # its memory is free again
 
     def stats(self) -> dict[str, int]:
         stats = super().stats()
