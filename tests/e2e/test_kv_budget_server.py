@@ -2,7 +2,8 @@
 (option.kv_cache_memory_bytes): the log states the budget in tokens and bytes and where it came
 from; concurrent requests beyond it wait and all finish as each does alone, the positions
 reserved never passing the budget (/metrics); a prompt that can never fit is refused with the
-protocol's error naming the budget and the setting (the openai client, /invocations)."""
+protocol's error naming the budget and the setting (the openai client, /invocations, and every
+other protocol's route)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,23 @@ pytestmark = pytest.mark.e2e
 BYTES = 200 * 256  # 200 positions of the tiny model's 16-bit cache
 TOPICS = ["the sea", "a mountain", "the city at night", "an old library", "the desert",
           "a winter forest"]
+
+LONG = "one two three four five six seven eight nine ten " * 25  # > 200 tokens, < the context
+CHAT = [{"role": "user", "content": LONG}]
+# route -> (body, status, the error's text), each in its protocol's shape (as a prompt past the
+# context is refused: tests/protocols/test_prompt_bounds.py)
+ROUTES = {
+    "/v1/chat/completions": ({"messages": CHAT, "max_tokens": 1}, 400,
+                             lambda body: body["error"]["message"]),
+    "/v1/responses": ({"input": LONG, "max_output_tokens": 16}, 400,
+                      lambda body: body["error"]["message"]),
+    "/generate": ({"inputs": LONG, "parameters": {"max_new_tokens": 1}}, 422,
+                  lambda body: body["error"]),
+    "/v2/models/tiny-llama/generate": ({"text_input": LONG, "parameters": {"max_tokens": 1}},
+                                       400, lambda body: body["error"]),
+    "/v1/messages": ({"messages": CHAT, "max_tokens": 1, "model": "tiny-llama"}, 400,
+                     lambda body: body["error"]["message"]),
+}
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +93,23 @@ def test_requests_beyond_the_budget_wait_and_all_finish_as_they_do_alone(server,
 
 def test_a_prompt_that_can_never_fit_is_refused_naming_the_setting(server, tiny_dir):
     url, _ = server
-    long_prompt = "one two three four five six seven eight nine ten " * 25  # > 200 tokens
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(model=tiny_dir.name, prompt=long_prompt, max_tokens=1)
+        client.completions.create(model=tiny_dir.name, prompt=LONG, max_tokens=1)
     assert "budget holds 200 tokens" in refused.value.message
     assert f"option.kv_cache_memory_bytes={BYTES}" in refused.value.message
-    answer = httpx.post(f"{url}/invocations", json={"inputs": long_prompt,
+    answer = httpx.post(f"{url}/invocations", json={"inputs": LONG,
                                                     "parameters": {"max_new_tokens": 1}})
     assert answer.status_code == 424  # LMI's status for a refused input, as past the context
     assert f"option.kv_cache_memory_bytes={BYTES}" in answer.json()["error"]
-    fits = client.completions.create(model=tiny_dir.name, prompt=long_prompt[:300], max_tokens=1)
+    fits = client.completions.create(model=tiny_dir.name, prompt=LONG[:300], max_tokens=1)
     assert fits.usage.completion_tokens == 1
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_protocol_refuses_it_in_its_own_shape(server, route):
+    url, _ = server
+    body, status, message = ROUTES[route]
+    answer = httpx.post(f"{url}{route}", json=body, timeout=60)
+    assert answer.status_code == status, answer.text[:500]
+    assert f"option.kv_cache_memory_bytes={BYTES}" in message(answer.json())
