@@ -124,3 +124,15 @@ def test_a_prompt_added_unvalidated_that_cannot_fit_fails_alone(stepper, loaded)
     assert "budget holds 200 tokens" in failed[0].outputs[0].error
     done = [out for out in outputs if out.request_id == after.request_id][-1]
     assert done.finished and done.outputs[0].finish_reason == FinishReason.LENGTH
+
+
+def test_prompts_prefilled_in_chunks_wait_and_finish_too(loaded):
+    """Prompts longer than a step's prefill (chunked), two fitting at a time."""
+    engine = TorchEngine(loaded, max_batch_size=8, max_prefill_tokens=16,
+                         kv_budget=KVBudget(200 * 256, SOURCE))
+    stepper = DirectStepper(engine)
+    requests = [token_request(prompt(loaded, 60, start=i), 20) for i in range(5)]
+    tokens, steps = run_all(stepper, requests)
+    assert max(step["running_requests"] for step in steps) == 2
+    assert steps[-1]["finished_requests"] == 5
+    assert [len(tokens[(r.request_id, 0)]) for r in requests] == [20] * 5
