@@ -18,6 +18,7 @@ the engine revokes its own when it shuts down.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,6 +26,8 @@ import psutil
 
 from handlers.config import Config, ConfigError
 from handlers.engine.memory import CGROUP, Memory, grant, memory
+
+log = logging.getLogger(__name__)
 
 HEADROOM_BYTES = 256 << 20
 MARGIN = 0.1  # of the available memory, kept from a budget computed from it
@@ -57,6 +60,10 @@ def _budget(config: Config, left: Memory, used: int | None) -> KVBudget:
                               "option.gpu_memory_utilization "
                               f"({_source(config, 'gpu_memory_utilization')}) both size the "
                               "KV cache: give one of them")
+        if config.kv_cache_memory_bytes > left.available:  # memory may be freed: not refused
+            log.warning("option.kv_cache_memory_bytes=%d is more than the %s GiB available now: "
+                        "a full cache may not fit", config.kv_cache_memory_bytes,
+                        _gib(left.available))
         return KVBudget(config.kv_cache_memory_bytes,
                         f"option.kv_cache_memory_bytes={config.kv_cache_memory_bytes}, {given}")
     used = psutil.Process().memory_info().rss if used is None else used

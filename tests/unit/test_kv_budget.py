@@ -134,3 +134,11 @@ def test_a_granted_budget_is_left_out_of_the_next_budget_and_the_fleets_room(tmp
     finally:
         revoke(first.grant)
     assert available_memory(group) == 2 * GIB
+
+
+def test_more_bytes_than_are_available_is_taken_with_a_warning(tmp_path, caplog):
+    roomy()
+    group = cgroup_v2(tmp_path / "cg", str(2 * GIB), current=GIB)
+    budget = kv_budget(config(tmp_path, f"option.kv_cache_memory_bytes={3 * GIB}"), group)
+    assert budget.bytes == 3 * GIB
+    assert "is more than the 1.00 GiB available now" in caplog.text
