@@ -157,6 +157,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("option.trust_remote_code", "trust_remote_code", values.boolean, False, engine=True),
     Setting("option.gpu_memory_utilization", "gpu_memory_utilization", values.fraction, 0.9,
             engine=True),
+    # Bytes the KV cache may take (vLLM's kv_cache_memory_bytes; unset: the engine's own rule).
+    Setting("option.kv_cache_memory_bytes", "kv_cache_memory_bytes", values.optional_integer,
+            None, engine=True),
     Setting("option.enforce_eager", "enforce_eager", values.boolean, False, engine=True),
     # None: the engine's own default (vLLM caches prefixes unless told not to).
     Setting("option.enable_prefix_caching", "enable_prefix_caching", values.boolean, None,
@@ -254,6 +257,11 @@ def _mebibytes(value: str) -> str:
     return str(values.integer(1)(value) * 1024 * 1024)
 
 
+def _gibibytes_or_unset(value: str) -> str:
+    # vLLM's CPU build reads 0 as "not set".
+    return str(values.integer(0)(value) << 30 or "")
+
+
 def _gpus(value: str) -> str:
     # SageMaker sets SM_NUM_GPUS=0 on CPU instances: one device, the CPU.
     return str(max(values.integer(0)(value), 1))
@@ -278,6 +286,7 @@ ENV_VARS: tuple[tuple[str, str, Callable[[str], str]], ...] = (
     ("HF_MODEL_TRUST_REMOTE_CODE", "option.trust_remote_code", _same),
     ("ENABLE_CUDA_GRAPHS", "option.enforce_eager", _negate),
     ("CUDA_MEMORY_FRACTION", "option.gpu_memory_utilization", _same),
+    ("VLLM_CPU_KVCACHE_SPACE", "option.kv_cache_memory_bytes", _gibibytes_or_unset),
     ("SAGEMAKER_STARTUP_TIMEOUT", "option.model_loading_timeout", _same),
     ("SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS", "option.predict_timeout", _same),
     ("SAGEMAKER_MAX_REQUEST_SIZE", "max_request_size", _same),

@@ -114,6 +114,7 @@ class Config:
     quantize: str | None
     trust_remote_code: bool
     gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
     enforce_eager: bool
     enable_prefix_caching: bool | None
     disable_sliding_window: bool

@@ -141,7 +141,9 @@ class Engine(Protocol):
         generated_tokens, finished_requests; kv_cache_slots_in_use and kv_cache_slots_total
         where the engine has a cache of batch slots, else kv_cache_usage (0 to 1); the cache's
         shape in kv_cache_block_size and kv_cache_blocks (tokens the engine can hold, in
-        blocks) once known; prefix_cache_* where it caches prefixes."""
+        blocks) once known; prefix_cache_* where it caches prefixes; kv_cache_budget_tokens,
+        kv_cache_reserved_tokens(_peak) and kv_cache_budget_waits where it admits requests
+        within a KV budget (loop/admission.py)."""
 
     async def start(self) -> None:
         """Start the engine's loop on the calling event loop's terms (after loading)."""

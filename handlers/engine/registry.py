@@ -56,7 +56,8 @@ _LORA = frozenset({"option.lora_modules", "option.enable_lora", "option.max_lora
 _MEDIA = frozenset({"option.limit_mm_per_prompt", "option.allowed_media_domains",
                     "option.allowed_local_media_path"})
 _GPU = frozenset({"option.tensor_parallel_degree", "option.pipeline_parallel_degree",
-                  "option.quantize", "option.gpu_memory_utilization", "option.enforce_eager",
+                  "option.quantize", "option.gpu_memory_utilization",
+                  "option.kv_cache_memory_bytes", "option.enforce_eager",
                   "option.enable_prefix_caching", "option.disable_sliding_window",
                   "option.cpu_offload_gb_per_gpu", "option.load_format", "engine"})
 
@@ -66,7 +67,9 @@ ENGINES = {
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
                          _ROLLING | _HF | _SUPERVISED | _LORA | _MEDIA | {"option.enforce_eager",
                                                                  "option.enable_prefix_caching",
-                                                                 "option.quantize"},
+                                                                 "option.quantize",
+                                                                 "option.gpu_memory_utilization",
+                                                                 "option.kv_cache_memory_bytes"},
                          choices=(("option.quantize", TORCH_QUANTIZE),)),
     # Health turns false past option.engine_stall_timeout; a dead engine core (with its
     # workers) is launched again or ends the process (option.engine_restart). LoRA adapters are

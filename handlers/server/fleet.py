@@ -23,9 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from handlers.engine.base import Embedder, Engine
+from handlers.engine.memory import available_memory
 from handlers.server.context import Served
 
 log = logging.getLogger(__name__)
@@ -151,20 +150,6 @@ def weights_bytes(path: Path) -> int:
     files = [path] if path.is_file() else [p for p in path.rglob("*")
                                             if p.suffix in WEIGHT_SUFFIXES and p.is_file()]
     return int(sum(p.stat().st_size for p in files) * OVERHEAD)
-
-
-def available_memory() -> int:
-    """Bytes free to load into: the machine's available memory, or what is left under the
-    container's cgroup limit when that is less."""
-    free = psutil.virtual_memory().available
-    limit, current = Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")
-    try:
-        cap = limit.read_text().strip()
-        if cap != "max":
-            free = min(free, int(cap) - int(current.read_text()))
-    except (OSError, ValueError):
-        pass
-    return free
 
 
 def _release_memory() -> None:

@@ -400,7 +400,21 @@ class _EngineReading:
                                           labels=["model"]), used)
         yield self._one(GaugeMetricFamily("lmi_kv_cache_slots", "KV-cache batch slots in all",
                                           labels=["model"]), total)
-        yield self._kv_usage(used / total if total else 0.0)
+        share = used / total if total else 0.0
+        if "kv_cache_budget_tokens" in stats:  # an engine admitting within a KV budget
+            yield from self._kv_budget(stats)
+            share = max(share, stats["kv_cache_reserved_tokens"] / stats["kv_cache_budget_tokens"])
+        yield self._kv_usage(share)
+
+    def _kv_budget(self, stats: dict[str, int]) -> Iterator[Metric]:
+        for key, doc in (("budget_tokens", "KV cache positions the memory budget holds"),
+                         ("reserved_tokens", "KV cache positions the running requests reserve"),
+                         ("reserved_tokens_peak", "The most KV cache positions reserved at once")):
+            yield self._one(GaugeMetricFamily(f"lmi_kv_cache_{key}", doc, labels=["model"]),
+                            stats[f"kv_cache_{key}"])
+        yield self._one(CounterMetricFamily(
+            "lmi_kv_cache_budget_waits", "Requests that waited for room in the KV cache's "
+            "budget", labels=["model"]), stats["kv_cache_budget_waits"])
 
     def _kv_usage(self, share: float) -> Metric:
         return self._vllm(GaugeMetricFamily("vllm:kv_cache_usage_perc",

@@ -72,8 +72,6 @@ def passes_checks(model_dir: Path, *options: str) -> bool:
                                         "supported by the torch engine"),
     ("option.pipeline_parallel_degree=2", "option.pipeline_parallel_degree=2 (command line) is "
                                           "not supported by the torch engine"),
-    ("option.gpu_memory_utilization=0.5", "option.gpu_memory_utilization=0.5 (command line) is "
-                                          "not supported by the torch engine"),
     ("option.disable_sliding_window=true", "option.disable_sliding_window=True"),
     ("option.cpu_offload_gb_per_gpu=4", "option.cpu_offload_gb_per_gpu=4.0"),
     ("option.load_format=pt", "option.load_format=pt"),
@@ -95,8 +93,6 @@ def test_a_key_that_would_not_take_effect_stops_startup(tmp_path, option, messag
     ({"HF_MODEL_QUANTIZE": "gptq"}, "option.quantize=gptq (env HF_MODEL_QUANTIZE) is not "
                                     "supported by the torch engine"),
     ({"SM_NUM_GPUS": "4"}, "option.tensor_parallel_degree=4 (env SM_NUM_GPUS) is not supported"),
-    ({"CUDA_MEMORY_FRACTION": "0.7"}, "option.gpu_memory_utilization=0.7 (env "
-                                      "CUDA_MEMORY_FRACTION)"),
     ({"HF_REVISION": "v1"}, "option.revision=v1 (env HF_REVISION)"),
     ({"PREDICT_TIMEOUT": "nope"}, "PREDICT_TIMEOUT"),
 ])
@@ -158,6 +154,7 @@ def test_a_chat_template_that_is_neither_a_file_nor_jinja_stops_startup(tmp_path
     ("option.enable_chunked_prefill=false", "option.predict_timeout=30"),
     ("option.model_loading_timeout=600", "job_queue_size=8"),
     ("option.kv_cache_dtype=fp8_e5m2",), ("option.kv_cache_dtype=float32",),
+    ("option.gpu_memory_utilization=0.5",), ("option.kv_cache_memory_bytes=1000000",),  # budgets
 ])
 def test_values_that_mean_the_default_or_take_effect_are_accepted(tmp_path, options):
     assert passes_checks(tmp_path, *options)

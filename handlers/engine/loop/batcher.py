@@ -1,7 +1,8 @@
 """Continuous batching: the synchronous `step()` at the heart of the engines that step in a
 thread (torch, llama.cpp), over the engine's `Runner`.
 
-Each step admits waiting requests while cache slots are free (a prompt that begins as a recent
+Each step admits waiting requests while cache slots are free and, where the engine has a KV
+budget, while the positions they may need fit it (admission.py; a prompt that begins as a recent
 one did starts from that one's keys/values: prefix_cache.py), runs one prefill chunk for
 requests still reading their prompt (bounded by `max_prefill_tokens`, so running sequences never
 stall for long, and shared so that a short prompt never waits behind long ones:
@@ -24,7 +25,9 @@ import torch
 
 from handlers.engine.detokenize import IncrementalDetokenizer, token_text
 from handlers.engine.grammars import Grammars, mask_logits
+from handlers.engine.kv_budget import KVBudget
 from handlers.engine.loop import sampling
+from handlers.engine.loop.admission import TokenBudget
 from handlers.engine.loop.prefix_cache import BLOCK, PrefixCache
 from handlers.engine.loop.runner import PrefillChunk, Runner
 from handlers.engine.loop.sequence import RequestState, Sequence, Thinking, make_token
@@ -52,6 +55,7 @@ class ContinuousBatcher:
         max_model_len: int,
         counters: dict[str, int] | None = None,  # carried over from a batcher this replaces
         prefix_cache_bytes: int = 0,  # keys/values of recent prompts kept for reuse; 0: none
+        kv_budget: KVBudget | None = None,  # what the running sequences' keys/values may take
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -74,6 +78,7 @@ class ContinuousBatcher:
         self.prefix = (PrefixCache(runner, prefix_cache_bytes // runner.kv_bytes_per_token,
                                    self.counters, runner.prefix_places)
                        if prefix_cache_bytes else None)
+        self.admission = TokenBudget.of(kv_budget, runner.kv_bytes_per_token, max_model_len)
 
     # -- public surface -------------------------------------------------------------------------
 
@@ -86,6 +91,7 @@ class ContinuousBatcher:
         for request in self.waiting:
             if request.request_id == request_id:
                 self.waiting.remove(request)
+                self.admission.release(request_id)
                 return None
         state = self.states.get(request_id)
         if state is None:
@@ -107,7 +113,9 @@ class ContinuousBatcher:
         # What the slots and the kept prefixes can hold, in the prefix cache's blocks.
         kept = self.prefix.max_tokens if self.prefix is not None else 0
         stats["kv_cache_block_size"] = BLOCK
-        stats["kv_cache_blocks"] = (self.max_batch_size * self.max_model_len + kept) // BLOCK
+        slots = min(self.max_batch_size * self.max_model_len, self.admission.tokens)
+        stats.update(self.admission.stats())
+        stats["kv_cache_blocks"] = (slots + kept) // BLOCK
         if self.prefix is not None:
             stats["prefix_cache_pinned_tokens"] = self.prefix.pinned_tokens
         return stats
@@ -189,18 +197,21 @@ class ContinuousBatcher:
         while self.waiting:
             index = self._next(in_batch)
             request = self.waiting[index]
-            if self._used_slots() + request.params.num_sequences > self.max_batch_size:
-                break
+            if self._used_slots() + request.params.num_sequences > self.max_batch_size \
+                    or not self.admission.fits(request, self.waiting):
+                break  # it waits for room, and so do those behind it
             del self.waiting[index]
             slot = self._free_slot()
             try:
                 if not self.runner.use_adapter(slot, request.adapter):
                     held.append(request)
                     continue
+                self.admission.reserve(request)  # before its sequences read max_new_tokens
                 state = self._new_state(request)
             except Exception as exc:  # a request that cannot start fails alone
                 log.exception("request %s failed to start", request.request_id)
                 self.runner.use_adapter(slot, None)
+                self.admission.release(request.request_id)
                 self._fail_unstarted(request, exc)
                 continue
             in_batch[_group(request)] += len(state.sequences)
@@ -573,6 +584,7 @@ class ContinuousBatcher:
         for request_id in [r for r, s in self.states.items() if s.finished]:
             del self.states[request_id]
             self.counters["finished_requests"] += 1
+            self.admission.release(request_id)
 
 
 def _group(request: GenerationRequest) -> str:

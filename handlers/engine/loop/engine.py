@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from handlers.engine.hf_tokenizer import HFTokenizer
+from handlers.engine.kv_budget import KVBudget
 from handlers.engine.loop.batcher import ContinuousBatcher
 from handlers.engine.loop.runner import Runner
 from handlers.engine.loop.thread import EngineLoop
@@ -85,7 +86,8 @@ class LoopEngine:
                  prefix_cache_bytes: int = 0, on_serve: Callable[[], None] | None = None,
                  on_stop: Callable[[], None] | None = None,
                  lora: AdapterSet | None = None, media: PromptMedia | None = None,
-                 media_limits: MediaLimits | None = None) -> None:
+                 media_limits: MediaLimits | None = None, kv_budget: KVBudget | None = None
+                 ) -> None:
         self.model_name = loaded.name
         self.media = media
         reader = None if media is None else MediaReader(media.kinds,
@@ -102,7 +104,7 @@ class LoopEngine:
         def new_batcher(counters: dict[str, int] | None) -> ContinuousBatcher:
             return ContinuousBatcher(new_runner(), loaded.tokenizer, loaded.eos_token_ids,
                                      max_batch_size, max_prefill_tokens, loaded.max_model_len,
-                                     counters, prefix_cache_bytes)
+                                     counters, prefix_cache_bytes, kv_budget)
 
         self.loop = EngineLoop(new_batcher, stall_timeout, on_serve, on_stop)
         self.vocab_size = self.batcher.runner.vocab_size
@@ -137,6 +139,8 @@ class LoopEngine:
                 f"{params.num_sequences} sequences exceed max_rolling_batch_size "
                 f"{self.batcher.max_batch_size}",
             )
+        if (refusal := self.batcher.admission.refusal(len(ids), params.num_sequences)):
+            raise RequestValidationError("inputs", refusal)
         if params.structured is not None:  # 1-5 ms for a new schema here, then a cache hit
             self.batcher.grammars.compile(params.structured)
         request.prompt_token_ids = ids

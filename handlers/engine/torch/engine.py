@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+from handlers.engine import memory
+from handlers.engine.kv_budget import KVBudget
 from handlers.engine.loop.engine import LoopEngine
 from handlers.engine.media import MediaLimits
 from handlers.engine.torch import kv_dtype
@@ -26,9 +28,11 @@ class TorchEngine(LoopEngine):
                  stall_timeout: float | None = None, prefix_cache_bytes: int = 0,
                  graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
                  cuda_graphs: bool = False, media_limits: MediaLimits | None = None,
-                 kv_cache_dtype: str = "auto") -> None:
-        """`kv_cache_dtype`: option.kv_cache_dtype's value (kv_dtype.py)."""
+                 kv_cache_dtype: str = "auto", kv_budget: KVBudget | None = None) -> None:
+        """`kv_cache_dtype`: option.kv_cache_dtype's value (kv_dtype.py); `kv_budget`: what
+        the running sequences' cache may take (kv_budget.py; None: no bound)."""
         self.graphs = graphs
+        self.kv_budget = kv_budget
         cache, why = kv_dtype.choose(kv_cache_dtype, loaded.model.dtype)
         self.kv_cache_dtype = kv_dtype.name(cache)  # the dtype chosen, as GET /config shows it
         super().__init__(
@@ -42,9 +46,17 @@ class TorchEngine(LoopEngine):
             # holds the GIL for seconds.
             on_serve=graphs.start if graphs else None, on_stop=graphs.close if graphs else None,
             lora=lora, media=None if loaded.processor is None else MediaPrompts(loaded.processor),
-            media_limits=media_limits)
-        log.info("KV cache: %s (%s), %d bytes per token", self.kv_cache_dtype, why,
-                 self.batcher.runner.kv_bytes_per_token)
+            media_limits=media_limits, kv_budget=kv_budget)
+        per_token = self.batcher.runner.kv_bytes_per_token
+        log.info("KV cache: %s (%s), %d bytes per token", self.kv_cache_dtype, why, per_token)
+        if kv_budget is not None:
+            log.info("KV cache budget: %d tokens (%d bytes at %d bytes a token; the prefix "
+                     "cache's %d bytes besides), from %s", self.batcher.admission.tokens,
+                     kv_budget.bytes, per_token, prefix_cache_bytes, kv_budget.source)
+
+    async def shutdown(self) -> None:
+        await super().shutdown()
+        memory.revoke(self.kv_budget and self.kv_budget.grant)  # its memory is free again
 
     def stats(self) -> dict[str, int]:
         stats = super().stats()

@@ -32,6 +32,7 @@ LMI_TO_VLLM = {
     "pipeline_parallel_degree": "pipeline_parallel_size",
     "quantize": "quantization",
     "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
     "enforce_eager": "enforce_eager",
     "enable_prefix_caching": "enable_prefix_caching",
     "disable_sliding_window": "disable_sliding_window",
