@@ -7,19 +7,12 @@ serves the model KServe downloads under the InferenceService's name."""
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
-import inspect
-import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
 import yaml
-from jsonschema import Draft202012Validator
+from k8s_schema import Document, SchemaBuilder, load_schema, schema_errors
 
 from handlers.config import Config, check_effects, load_config, parse_args
 from handlers.engine import registry
@@ -31,102 +24,13 @@ RUNTIME_KIND = ("serving.kserve.io/v1alpha1", "ClusterServingRuntime")
 SERVICE_KIND = ("serving.kserve.io/v1beta1", "InferenceService")
 MODEL_MOUNT = "/mnt/models"  # where KServe's storage initializer puts the storageUri
 KSERVE_CONTAINER = "kserve-container"  # the runtime container KServe merges the model spec into
-INSTALL = "pip install --no-deps kserve==0.21.0 && pip install kubernetes==36.0.3"
 
-Document = dict[str, Any]
-
-# --- KServe's schema, from the kserve and kubernetes packages' model classes --------------------
-
-PRIMITIVES: dict[str, dict[str, Any]] = {
-    "str": {"type": "string"},
-    "int": {"type": "integer"},
-    "float": {"type": "number"},
-    "bool": {"type": "boolean"},
-    "date": {"type": "string", "format": "date"},
-    "datetime": {"type": "string", "format": "date-time"},
-    "object": {},  # free-form: IntOrString (a probe's port), a resource's status
-}
-LIST = re.compile(r"list\[(.+)\]")
-DICT = re.compile(r"dict[(\[]str, (.+)[)\]]")  # kserve writes dict(str, T), kubernetes dict[str, T]
-# The generator keeps OpenAPI's `required` only in each setter's None check.
-REQUIRED = re.compile(r"Invalid value for `(\w+)`, must not be `None`")
-
-
-def import_kserve_models() -> ModuleType:
-    """`kserve.models` alone. kserve/__init__.py imports KServe's whole model server (fastapi,
-    pandas, grpc, ...): the dependencies `pip install --no-deps kserve` leaves out, some pinned
-    against this project's. The generated models need only six and urllib3, so `kserve` is
-    registered as a bare package (its __path__, its __init__ not run) before `kserve.models` is
-    imported."""
-    if "kserve" not in sys.modules:
-        spec = importlib.util.find_spec("kserve")
-        if spec is None:
-            raise ImportError("No module named 'kserve'")
-        sys.modules["kserve"] = importlib.util.module_from_spec(spec)
-    return importlib.import_module("kserve.models")
-
-
-class SchemaBuilder:
-    """A JSON Schema from OpenAPI-generated model classes (`openapi_types`: attribute -> type
-    name, `attribute_map`: attribute -> JSON key). Each class is one closed object in $defs
-    (additionalProperties: false, so a misspelled key fails), referenced by $ref so that
-    recursive types end."""
-
-    def __init__(self, classes: dict[str, type]) -> None:
-        self.classes = classes
-        self.defs: dict[str, Any] = {}
-
-    def document(self, root: str) -> dict[str, Any]:
-        ref = self.type_schema(root)
-        return {"$defs": self.defs, **ref}
-
-    def type_schema(self, name: str) -> dict[str, Any]:
-        if match := LIST.fullmatch(name):
-            return {"type": "array", "items": self.type_schema(match[1])}
-        if match := DICT.fullmatch(name):
-            return {"type": "object", "additionalProperties": self.type_schema(match[1])}
-        if name in PRIMITIVES:
-            return PRIMITIVES[name]
-        cls = self.classes.get(name)
-        if cls is None or not cls.openapi_types:
-            # Named with no class (ResourceQuantity, Knative's status types) or a class with no
-            # fields (V1Time, a string on the wire): the packages do not say their shape.
-            return {}
-        if name not in self.defs:
-            self.defs[name] = {}  # claimed before its fields: a cycle refers back to it
-            self.defs[name] = self._object(cls)
-        return {"$ref": f"#/$defs/{name}"}
-
-    def _object(self, cls: type) -> dict[str, Any]:
-        keys = cls.attribute_map
-        required = dict.fromkeys(REQUIRED.findall(inspect.getsource(cls)))
-        return {
-            "type": "object",
-            "properties": {keys[attr]: self.type_schema(kind)
-                           for attr, kind in cls.openapi_types.items()},
-            "required": [keys[attr] for attr in required],
-            "additionalProperties": False,
-        }
+# --- KServe's schema, from the kserve and kubernetes packages' model classes (tests/k8s_schema.py)
 
 
 @pytest.fixture(scope="module")
 def schema() -> SchemaBuilder:
-    try:
-        modules = [importlib.import_module("kubernetes.client.models"), import_kserve_models()]
-    except ImportError as exc:
-        problem = str(exc)
-    else:
-        return SchemaBuilder({name: cls for module in modules for name, cls in vars(module).items()
-                              if isinstance(cls, type) and hasattr(cls, "openapi_types")})
-    # Failed outside the except block, so that the report is this message alone.
-    pytest.fail(f"{problem}. Checking examples/kserve/ against KServe's schema needs the kserve "
-                f"and kubernetes packages: {INSTALL}", pytrace=False)
-
-
-def schema_errors(schema: SchemaBuilder, root: str, document: Document) -> list[str]:
-    validator = Draft202012Validator(schema.document(root))
-    return sorted(f"{'/'.join(map(str, error.absolute_path)) or '(top)'}: {error.message}"
-                  for error in validator.iter_errors(document))
+    return load_schema("examples/kserve/")
 
 
 # --- the documents ------------------------------------------------------------------------------
