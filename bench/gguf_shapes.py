@@ -48,7 +48,8 @@ class Shape:
     spread: float = _WEIGHT_SPREAD  # the linears' weights' (wider: a random model's answers vary)
     arch: str = "llama"  # general.architecture: llama, qwen2, qwen3 or phi3
     head_dim: int | None = None  # attention.key_length where not hidden / heads (Qwen3's 128)
-    name: str | None = None  # general.name (transformers reads "mistral" in a llama file's)
+    name: str | None = None  # general.name
+    window: int | None = None  # attention.sliding_window (Phi-3's files carry one)
 
     @property
     def dim(self) -> int:
@@ -113,6 +114,8 @@ def _add_metadata(writer: GGUFWriter, shape: Shape, vocab: int, tokenizer: GGUFR
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
     writer.add_rope_dimension_count(shape.dim)
+    if shape.window is not None:
+        writer.add_sliding_window(shape.window)
     if shape.head_dim is not None:
         writer.add_key_length(shape.dim)
         writer.add_value_length(shape.dim)

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Kind
+from gguf import GGUFReader
 from server_process import server_process
 from torch import nn
 
@@ -177,6 +178,15 @@ class _KernelNorm(nn.Module):
 def _kernel_norms(model: nn.Module) -> None:
     for name in [n for n, m in model.named_modules() if type(m).__name__.endswith("RMSNorm")]:
         model.set_submodule(name, _KernelNorm(model.get_submodule(name)))
+
+
+def test_a_sliding_window_bounds_the_context(tmp_path):
+    """Phi-3's files carry the window its attention was trained with; the served model attends
+    every key, which is the same within the window only."""
+    shape = Shape(**_BASE | {"context": 4096}, arch="phi3", window=2047)
+    reader = GGUFReader(write_llama_gguf(tmp_path / "phi3.gguf", shape))
+    settings = gguf_model.settings_of(reader, {t.name: t for t in reader.tensors})
+    assert settings.max_position_embeddings == 2047
 
 
 def _logits(model: nn.Module, ids: list[int]) -> torch.Tensor:

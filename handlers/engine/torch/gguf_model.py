@@ -1,19 +1,28 @@
-"""A Llama-architecture GGUF served from its own blocks: never dequantized whole, no float copy of
-the model in memory or on disk.
+"""A GGUF served from its own blocks: never dequantized whole, no float copy of the model in
+memory or on disk.
+
+The architectures are those whose layers llama_model.py and llama_stack.py run (the fast path,
+with the compiled decode step): `llama` (Llama 2 and 3, Mistral, SmolLM; Llama 3's `rope_freqs`
+divide the rotary frequencies, as llama.cpp applies them), `qwen2` (q/k/v biases, float, added
+to the kernel's outputs), `qwen3` (a norm of each query and key head) and `phi3` (q/k/v and
+gate/up joined in the file, taken as they are). Only llama's q/k rows were interleaved by
+llama.cpp's converter (transformers' GGUF loader undoes it for llama alone, as here). What this
+module does not build raises `Unsupported`, and the loader dequantizes the file instead.
 
 The file is read once, a tensor at a time (`os.pread`: the page cache holds what was read, not
 this process), each linear's blocks repacked into the quantized kernel's layout
 (quant_linear.py) in chunks of rows, so a start's peak is the packed model plus one chunk. The
 token embedding stays in its blocks too: a token's row is gathered and dequantized when it is
 embedded (`QuantEmbedding`), and a tied output head runs the kernel over the same buffers. Only
-the norms are float (float32, as the file has them). The config comes from the GGUF's metadata;
-the tokenizer is transformers' conversion of it (handlers/engine/gguf/cache.py).
+the norms, biases and rope factors are float (float32, as the file has them). The config comes
+from the GGUF's metadata; the tokenizer is transformers' conversion of it
+(handlers/engine/gguf/cache.py).
 
 Each layer's q/k/v and gate/up are stored joined, as fused_projections.py joins them to serve:
 the server then maps the joined buffers, where joining them after loading would copy them and
 keep the parts' pages resident beside the copy (1.6x the blocks, measured).
 
-The packed model is cached once per file and mode (`<cache>/gguf-packed/<sha256>-<mode>-v1`): its
+The packed model is cached once per file and mode (`<cache>/gguf-packed/<sha256>-<mode>-v3`): its
 size is the blocks' (a scale and a min per 32 weights: Q4_0's blocks grow 11%, Q8_0's 6%), and a
 later start maps it (`torch.load(mmap=True)`) instead of reading the GGUF's header again, which
 takes seconds (the reader parses the whole vocabulary).
@@ -229,6 +238,12 @@ def settings_of(reader: GGUFReader, tensors: dict[str, ReaderTensor]) -> LlamaSe
     rotated = _field(reader, f"{arch}.rope.dimension_count") or head_dim
     if rotated != head_dim:
         raise Unsupported(f"a partial rotary embedding ({rotated} of {head_dim} dimensions)")
+    context = _field(reader, f"{arch}.context_length") or 2048
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    if window and window < context:  # Phi-3's: attention is exact within the window only
+        log.info("%s attends a sliding window of %d tokens: served with a context of %d, not "
+                 "%d", arch, window, window, context)
+        context = window
     return LlamaSettings(
         hidden_size=hidden, intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
         num_hidden_layers=_field(reader, f"{arch}.block_count"), num_attention_heads=heads,
@@ -237,7 +252,7 @@ def settings_of(reader: GGUFReader, tensors: dict[str, ReaderTensor]) -> LlamaSe
         rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon") or 1e-5),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base") or 10000.0),
         tie_word_embeddings="output.weight" not in tensors,
-        max_position_embeddings=_field(reader, f"{arch}.context_length") or 2048,
+        max_position_embeddings=context,
         eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
     )  # fmt: skip

@@ -7,7 +7,10 @@ importing torch and loading the weights together. The modules here have the name
 transformers' (`model.layers.N.self_attn.q_proj`, ...), so fusing, oneDNN packing, the stack and
 the compiled decode step treat both alike; norms and rotary angles compute what transformers'
 do, op for op. A checkpoint this does not cover (another rope type, biases, remote code,
-quantization) is loaded by transformers, as is every model off the CPU.
+quantization) is loaded by transformers, as is every model off the CPU. The GGUFs gguf_model.py
+serves from their blocks are built here too: Qwen2's and Qwen3's and Phi-3's layers are Llama's
+with biases in the quantized linears, per-head q/k norms (`qk_norm`) or joined projections, and
+Llama 3's rope scaling is its file's frequency factors (`RotaryAngles`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ transformers' modules spent ~10 ms of a ~42 ms one-row step in Python between th
 calls, keyword plumbing, output capture). This loop runs the same ops in the same order on the
 same modules' weights (fused projections, oneDNN linears), so its results are bit-for-bit those
 of transformers' forward; architectures other than `LlamaForCausalLM` keep that forward. The
-modules are transformers' or llama_model.py's (the same names and weights).
+modules are transformers' or llama_model.py's (the same names and weights); llama_model.py's
+also carry the GGUFs gguf_model.py builds as Llama layers: Qwen2's q/k/v biases (in the
+quantized linears), Qwen3's per-head q/k norms (here, before the rotation, as transformers'
+Qwen3 computes them).
 """
 
 from __future__ import annotations
