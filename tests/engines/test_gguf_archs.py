@@ -35,6 +35,7 @@ from torch import nn
 from bench.gguf_shapes import Shape, write_llama_gguf
 from handlers.engine.loop.runner import PrefillChunk
 from handlers.engine.torch import gguf_model, quant_linear
+from handlers.engine.torch.decode_graphs import DecodeGraphs
 from handlers.engine.torch.fused_projections import ProjectionPart
 from handlers.engine.torch.loader import LoadedModel, load_model
 from handlers.engine.torch.model_runner import ModelRunner
@@ -137,6 +138,33 @@ def test_greedy_tokens_are_the_dequantizing_paths_over_the_same_blocks(arch):
     _kernel_linears(reference.model, arch.served.model)
     _kernel_norms(reference.model)
     assert gguf_greedy.greedy(arch.served) == gguf_greedy.greedy(reference)
+
+
+@pytest.mark.slow
+def test_the_compiled_decode_step_gives_the_eager_steps_logits(arch, tmp_path):
+    """The ops the Llama stack gained (Qwen2's biases, Qwen3's q/k norms) compiled: a few
+    minutes each, so for those two; the others compile what a llama file's step compiles."""
+    if arch.name not in ("qwen2", "qwen3"):
+        pytest.skip("its step is a llama file's (tests/engines/test_decode_graphs.py)")
+    slots, length = 4, 256
+    graphs = DecodeGraphs.for_model(arch.served, slots, length, tmp_path)
+    graphs.start()
+    assert graphs.ready.wait(1800) and graphs.counts()["decode_graphs_ready"] == 1
+    fast = ModelRunner(arch.served.model, slots, length, graphs, kv_dtype=graphs.kv_dtype)
+    eager = ModelRunner(load_model(arch.path, dtype="fp32", cache_dir=arch.cache,
+                                   quantize="gguf").model, slots, length,
+                        kv_dtype=graphs.kv_dtype)
+    prompts = [list(range(5 + row, 20 + 7 * row)) for row in range(slots)]
+    for runner in (fast, eager):
+        runner.prefill([PrefillChunk(slot, ids, 0) for slot, ids in enumerate(prompts)])
+    token, position = prompts[0][-1], len(prompts[0])
+    for _ in range(10):
+        alone = fast.decode([token], [position])[0]
+        assert torch.equal(alone, eager.decode([token], [position])[0])
+        crowd = fast.decode([token] + [p[-1] for p in prompts[1:]],
+                            [position] + [len(p) for p in prompts[1:]])[0]
+        assert torch.equal(crowd, alone)
+        token, position = int(alone.argmax()), position + 1
 
 
 def test_a_server_answers_a_chat(arch, tmp_path):
