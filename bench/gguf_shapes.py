@@ -1,4 +1,6 @@
-"""Random-weight Llama-architecture GGUFs of a chosen shape, for memory tests and benches.
+"""Random-weight GGUFs of a chosen shape, for memory tests and benches: Llama's architecture, or
+another whose files gguf_model.py serves from their blocks (`Shape.arch`: Qwen2's q/k/v biases,
+Qwen3's q/k norms, Phi-3's joined q/k/v and gate/up), with Llama 3's `rope_freqs` where given.
 
 The blocks are written as gguf's writer takes them (`raw_dtype`): random quantized values and
 random float16 scales drawn directly in each block type's layout (Q4_0, Q8_0, and the K-quants
@@ -44,9 +46,17 @@ class Shape:
     tied: bool = True  # the output head is the token embedding (SmolLM2's, Llama-3.2-1B's)
     context: int = 8192
     spread: float = _WEIGHT_SPREAD  # the linears' weights' (wider: a random model's answers vary)
+    arch: str = "llama"  # general.architecture: llama, qwen2, qwen3 or phi3
+    head_dim: int | None = None  # attention.key_length where not hidden / heads (Qwen3's 128)
+    name: str | None = None  # general.name
+    window: int | None = None  # attention.sliding_window (Phi-3's files carry one)
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
     def parameters(self, vocab: int) -> int:
-        head_dim = self.hidden // self.heads
+        head_dim = self.dim
         attention = self.hidden * head_dim * (2 * self.heads + 2 * self.kv_heads)
         per_layer = attention + 3 * self.hidden * self.ffn + 2 * self.hidden
         heads = 1 if self.tied else 2
@@ -57,16 +67,19 @@ ONE_B = Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192)  # Llama-3
 
 
 def write_llama_gguf(path: Path, shape: Shape, kind: Kind = Kind.Q4_0, seed: int = 0,
-                     embedding_kind: Kind | None = None) -> Path:
-    """Write a random Llama GGUF of `shape` at `path`, its linears (an untied head too) in `kind`
-    blocks and its token embedding (the head too, where tied) in `embedding_kind` (default:
-    `kind`)."""
+                     embedding_kind: Kind | None = None,
+                     rope_freqs: np.ndarray | None = None) -> Path:
+    """Write a random GGUF of `shape` (its `arch`) at `path`, its linears (an untied head too)
+    in `kind` blocks and its token embedding (the head too, where tied) in `embedding_kind`
+    (default: `kind`); `rope_freqs`: the frequency factors of Llama 3's rope scaling."""
     tokenizer = GGUFReader(default_model_path())
     vocab = len(tokenizer.fields["tokenizer.ggml.tokens"].data)
     rng = np.random.default_rng(seed)
-    writer = GGUFWriter(path, "llama")
+    writer = GGUFWriter(path, shape.arch)
     _add_metadata(writer, shape, vocab, tokenizer)
     tensors = _tensor_plan(shape, vocab, kind, embedding_kind or kind)
+    if rope_freqs is not None:
+        tensors["rope_freqs.weight"] = (1, len(rope_freqs), Kind.F32)
     for name, (rows, columns, tensor_kind) in tensors.items():
         nbytes = rows * _row_bytes(columns, tensor_kind)
         if tensor_kind == Kind.F32:  # a norm: one dimension
@@ -79,13 +92,18 @@ def write_llama_gguf(path: Path, shape: Shape, kind: Kind = Kind.Q4_0, seed: int
     writer.write_ti_data_to_file()
     for name, (rows, columns, tensor_kind) in tensors.items():
         spread = _WEIGHT_SPREAD if name == "token_embd.weight" else shape.spread
-        writer.write_tensor_data(_random_tensor(rng, rows, columns, tensor_kind, spread))
+        if name == "rope_freqs.weight":
+            writer.write_tensor_data(np.asarray(rope_freqs, dtype=np.float32))
+        elif name.endswith(".bias"):  # q/k/v biases: as wide as a projection's outputs
+            writer.write_tensor_data((0.5 * rng.standard_normal(columns)).astype(np.float32))
+        else:
+            writer.write_tensor_data(_random_tensor(rng, rows, columns, tensor_kind, spread))
     writer.close()
     return path
 
 
 def _add_metadata(writer: GGUFWriter, shape: Shape, vocab: int, tokenizer: GGUFReader) -> None:
-    writer.add_name(f"random-llama-{shape.hidden}x{shape.layers}")
+    writer.add_name(shape.name or f"random-{shape.arch}-{shape.hidden}x{shape.layers}")
     writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.hidden)
     writer.add_block_count(shape.layers)
@@ -95,7 +113,12 @@ def _add_metadata(writer: GGUFWriter, shape: Shape, vocab: int, tokenizer: GGUFR
     writer.add_rope_freq_base(100000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
-    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    writer.add_rope_dimension_count(shape.dim)
+    if shape.window is not None:
+        writer.add_sliding_window(shape.window)
+    if shape.head_dim is not None:
+        writer.add_key_length(shape.dim)
+        writer.add_value_length(shape.dim)
     for key, field in tokenizer.fields.items():
         if key.startswith("tokenizer."):
             sub_type = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
@@ -104,25 +127,35 @@ def _add_metadata(writer: GGUFWriter, shape: Shape, vocab: int, tokenizer: GGUFR
 
 def _tensor_plan(shape: Shape, vocab: int, kind: Kind,
                  embedding_kind: Kind) -> dict[str, tuple[int, int, Kind]]:
-    """name: (rows, columns, kind), in the file's order."""
-    head_dim = shape.hidden // shape.heads
-    plan = {"token_embd.weight": (vocab, shape.hidden, embedding_kind)}
+    """name: (rows, columns, kind), in the file's order (a float tensor of one row: 1-D)."""
+    q, kv, hidden, ffn = shape.heads * shape.dim, shape.kv_heads * shape.dim, shape.hidden, \
+        shape.ffn
+    plan = {"token_embd.weight": (vocab, hidden, embedding_kind)}
     for layer in range(shape.layers):
         block = f"blk.{layer}."
-        plan |= {
-            block + "attn_norm.weight": (1, shape.hidden, Kind.F32),
-            block + "attn_q.weight": (shape.heads * head_dim, shape.hidden, kind),
-            block + "attn_k.weight": (shape.kv_heads * head_dim, shape.hidden, kind),
-            block + "attn_v.weight": (shape.kv_heads * head_dim, shape.hidden, kind),
-            block + "attn_output.weight": (shape.hidden, shape.heads * head_dim, kind),
-            block + "ffn_norm.weight": (1, shape.hidden, Kind.F32),
-            block + "ffn_gate.weight": (shape.ffn, shape.hidden, kind),
-            block + "ffn_up.weight": (shape.ffn, shape.hidden, kind),
-            block + "ffn_down.weight": (shape.hidden, shape.ffn, kind),
-        }
-    plan["output_norm.weight"] = (1, shape.hidden, Kind.F32)
+        plan[block + "attn_norm.weight"] = (1, hidden, Kind.F32)
+        if shape.arch == "phi3":  # joined as Phi-3's checkpoints hold them
+            plan[block + "attn_qkv.weight"] = (q + 2 * kv, hidden, kind)
+        else:
+            plan |= {block + "attn_q.weight": (q, hidden, kind),
+                     block + "attn_k.weight": (kv, hidden, kind),
+                     block + "attn_v.weight": (kv, hidden, kind)}
+        if shape.arch == "qwen2":
+            plan |= {block + f"attn_{p}.bias": (1, size, Kind.F32)
+                     for p, size in (("q", q), ("k", kv), ("v", kv))}
+        if shape.arch == "qwen3":
+            plan |= {block + f"attn_{p}_norm.weight": (1, shape.dim, Kind.F32) for p in "qk"}
+        plan[block + "attn_output.weight"] = (hidden, q, kind)
+        plan[block + "ffn_norm.weight"] = (1, hidden, Kind.F32)
+        if shape.arch == "phi3":
+            plan[block + "ffn_up.weight"] = (2 * ffn, hidden, kind)
+        else:
+            plan |= {block + "ffn_gate.weight": (ffn, hidden, kind),
+                     block + "ffn_up.weight": (ffn, hidden, kind)}
+        plan[block + "ffn_down.weight"] = (hidden, ffn, kind)
+    plan["output_norm.weight"] = (1, hidden, Kind.F32)
     if not shape.tied:
-        plan["output.weight"] = (vocab, shape.hidden, kind)
+        plan["output.weight"] = (vocab, hidden, kind)
     return plan
 
 

@@ -7,7 +7,10 @@ importing torch and loading the weights together. The modules here have the name
 transformers' (`model.layers.N.self_attn.q_proj`, ...), so fusing, oneDNN packing, the stack and
 the compiled decode step treat both alike; norms and rotary angles compute what transformers'
 do, op for op. A checkpoint this does not cover (another rope type, biases, remote code,
-quantization) is loaded by transformers, as is every model off the CPU.
+quantization) is loaded by transformers, as is every model off the CPU. The GGUFs gguf_model.py
+serves from their blocks are built here too: Qwen2's and Qwen3's and Phi-3's layers are Llama's
+with biases in the quantized linears, per-head q/k norms (`qk_norm`) or joined projections, and
+Llama 3's rope scaling is its file's frequency factors (`RotaryAngles`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class LlamaSettings:
     tie_word_embeddings: bool
     max_position_embeddings: int
     eos_token_id: int | list[int] | None
+    # Qwen3's RMSNorm of each query and key head before the rotary embedding (a GGUF's
+    # attn_q_norm / attn_k_norm: gguf_model.py); safetensors checkpoints built here have none.
+    qk_norm: bool = False
 
     def get_text_config(self) -> LlamaSettings:  # what ModelRunner asks a transformers config
         return self
@@ -130,11 +136,15 @@ class RMSNorm(nn.Module):
 
 
 class RotaryAngles(nn.Module):
-    """cos and sin of each position's rotary angles, [B, T, head_dim], in the input's dtype."""
+    """cos and sin of each position's rotary angles, [B, T, head_dim], in the input's dtype;
+    `factors` (a GGUF's `rope_freqs`: Llama 3's rope scaling, as llama.cpp applies it) divide
+    each frequency."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, factors: torch.Tensor | None = None) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        if factors is not None:
+            inv_freq = inv_freq / factors.float()
         self.inv_freq = nn.Buffer(inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
@@ -152,6 +162,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(s.hidden_size, kv, bias=False)
         self.v_proj = nn.Linear(s.hidden_size, kv, bias=False)
         self.o_proj = nn.Linear(s.num_attention_heads * s.head_dim, s.hidden_size, bias=False)
+        if s.qk_norm:
+            self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
+            self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps)
 
 
 class MLP(nn.Module):

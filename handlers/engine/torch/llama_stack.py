@@ -6,7 +6,10 @@ transformers' modules spent ~10 ms of a ~42 ms one-row step in Python between th
 calls, keyword plumbing, output capture). This loop runs the same ops in the same order on the
 same modules' weights (fused projections, oneDNN linears), so its results are bit-for-bit those
 of transformers' forward; architectures other than `LlamaForCausalLM` keep that forward. The
-modules are transformers' or llama_model.py's (the same names and weights).
+modules are transformers' or llama_model.py's (the same names and weights); llama_model.py's
+also carry the GGUFs gguf_model.py builds as Llama layers: Qwen2's q/k/v biases (in the
+quantized linears), Qwen3's per-head q/k norms (here, before the rotation, as transformers'
+Qwen3 computes them).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class _Layer:
     mlp_sizes: list[int]
     down: nn.Module
     act: nn.Module
+    q_norm: nn.Module | None  # Qwen3's per-head norms of queries and keys (else None)
+    k_norm: nn.Module | None
 
     @staticmethod
     def of(layer: nn.Module, head_dim: int) -> _Layer:
@@ -44,7 +49,9 @@ class _Layer:
         return _Layer(norm_in=layer.input_layernorm, qkv=qkv, q_heads=qkv.sizes[0] // head_dim,
                       qk_heads=sum(qkv.sizes[:2]) // head_dim, out=layer.self_attn.o_proj,
                       norm_post=layer.post_attention_layernorm, gate_up=gate_up,
-                      mlp_sizes=gate_up.sizes, down=layer.mlp.down_proj, act=layer.mlp.act_fn)
+                      mlp_sizes=gate_up.sizes, down=layer.mlp.down_proj, act=layer.mlp.act_fn,
+                      q_norm=getattr(layer.self_attn, "q_norm", None),
+                      k_norm=getattr(layer.self_attn, "k_norm", None))
 
 
 class LlamaStack:
@@ -85,6 +92,9 @@ class LlamaStack:
             qkv = self._project(layer.qkv.fused, layer.norm_in, x)
             qkv = qkv.view(rows, width, -1, self.head_dim)
             qk = qkv[:, :, : layer.qk_heads]  # queries and keys rotate as one tensor
+            if layer.q_norm is not None:  # each head normed before it rotates (Qwen3)
+                qk = torch.cat([self._rms_norm(layer.q_norm, qk[:, :, : layer.q_heads]),
+                                self._rms_norm(layer.k_norm, qk[:, :, layer.q_heads :])], dim=2)
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :, : layer.q_heads].transpose(1, 2), qk[:, :, layer.q_heads :]
             k, v = cache.update(k.transpose(1, 2), qkv[:, :, layer.qk_heads :].transpose(1, 2),

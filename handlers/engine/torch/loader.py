@@ -2,8 +2,9 @@
 transformers call reads local files only (`local_files_only`), so loading never reaches a hub.
 
 A source is a Hugging Face layout directory (config.json + *.safetensors) or a single .gguf file:
-a Llama-architecture GGUF whose linears run on quantized blocks is served from its own blocks
-(gguf_model.py), any other from its dequantized copy in the GGUF cache (handlers/engine/gguf/).
+a GGUF whose linears run on quantized blocks, of an architecture gguf_model.py builds (llama,
+qwen2, qwen3, phi3), is served from its own blocks, any other from its dequantized copy in the
+GGUF cache (handlers/engine/gguf/), the log saying why.
 
 On the CPU a Llama checkpoint is built by llama_model.py and its tokenizer loaded by its class,
 without importing transformers' modeling code (~6 s of a start); anything else goes through

@@ -34,7 +34,8 @@ CHUNK = 4  # inputs of a chunk: one int32 lane of a vector
 
 
 class QuantLinear(nn.Module):
-    """`nn.Linear`'s forward (no bias) over `QuantizedWeight` blocks, packed for the kernel."""
+    """`nn.Linear`'s forward over `QuantizedWeight` blocks, packed for the kernel; a bias (a
+    GGUF's float one: Qwen2's q/k/v) is added to the kernel's outputs, in their dtype."""
 
     def __init__(self, blocks: QuantizedWeight) -> None:
         super().__init__()
@@ -42,21 +43,22 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def packed(cls, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-               bits: int) -> QuantLinear:
+               bits: int, bias: torch.Tensor | None = None) -> QuantLinear:
         """A layer over buffers in the kernel's layout already."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
-        layer._hold(weights, scales, mins, bits)
+        layer._hold(weights, scales, mins, bits, bias)
         return layer
 
     def _hold(self, weights: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-              bits: int) -> None:
+              bits: int, bias: torch.Tensor | None = None) -> None:
         tiles, groups, _ = weights.shape
         self.out_features, self.in_features = tiles * TILE, groups * GROUP
         self.bits = bits
         self.weights = nn.Buffer(weights)
         self.scales = nn.Buffer(scales)
         self.mins = nn.Buffer(mins)
+        self.register_buffer("bias", bias)  # None: no bias
 
     def forward(self, x: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """`x`'s outputs; with `norm` (an RMSNorm), those of `norm(x)`, the norm computed in
@@ -66,22 +68,30 @@ class QuantLinear(nn.Module):
         if x.dtype not in (torch.float32, torch.bfloat16):
             return self(x.float(), norm).to(x.dtype)
         weight, eps = (None, 0.0) if norm is None else (norm.weight, norm.variance_epsilon)
-        return torch.ops.lmi_quant.quant_linear(x, self.weights, self.scales, self.mins,
-                                                self.bits, weight, eps)
+        out = torch.ops.lmi_quant.quant_linear(x, self.weights, self.scales, self.mins,
+                                               self.bits, weight, eps)
+        return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
-               f"int{self.bits} groups of {GROUP}"
+               f"int{self.bits} groups of {GROUP}, bias={self.bias is not None}"
 
     @staticmethod
     def fused(parts: list[QuantLinear]) -> QuantLinear:
         """One layer computing `parts`' outputs one after another (they read one input): the
         packed buffers joined tile after tile as they are, where every part has the same width
-        (4-bit parts beside 8-bit ones join as 8-bit values, repacked)."""
+        (4-bit parts beside 8-bit ones join as 8-bit values, repacked); their biases joined
+        where any has one (zeros for a part without)."""
+        biases = [part.bias for part in parts if part.bias is not None]
+        bias = None if not biases else torch.cat([
+            biases[0].new_zeros(part.out_features) if part.bias is None else part.bias
+            for part in parts])
         if len({part.bits for part in parts}) > 1:
-            return QuantLinear(joined([part.unpacked() for part in parts]))
+            layer = QuantLinear(joined([part.unpacked() for part in parts]))
+            return QuantLinear.packed(layer.weights, layer.scales, layer.mins, layer.bits, bias)
         return QuantLinear.packed(*(torch.cat([getattr(part, name) for part in parts])
-                                    for name in ("weights", "scales", "mins")), parts[0].bits)
+                                    for name in ("weights", "scales", "mins")), parts[0].bits,
+                                  bias)
 
     def unpacked(self) -> QuantizedWeight:
         """The blocks this layer was packed from."""

@@ -16,9 +16,10 @@
 A float checkpoint's linears (and its token embedding, at 8 bits) are quantized as its files are
 read (checkpoint_files.py), where llama_model.py builds it; others are quantized after loading.
 
-Blocks are read from GGUFs of Llama-architecture models (llama.cpp's converter reorders their
-q/k rows; gguf_blocks.py puts them back); `int8` and `int4` quantize other GGUFs from their
-float values, `gguf` and `auto` leave them float.
+A GGUF that gguf_model.py builds (llama, qwen2, qwen3, phi3) is served from its blocks without
+coming here. On the dequantizing path, blocks are read from Llama-architecture GGUFs (llama.cpp's
+converter reorders their q/k rows; gguf_blocks.py puts them back); `int8` and `int4` quantize
+other GGUFs from their float values, `gguf` and `auto` leave them float.
 """
 
 from __future__ import annotations
