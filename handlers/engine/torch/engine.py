@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from handlers.engine.loop.engine import LoopEngine
+from handlers.engine.loop.speculation import NgramSettings
 from handlers.engine.media import MediaLimits
 from handlers.engine.torch import kv_dtype
 from handlers.engine.torch.decode_graphs import DecodeGraphs
@@ -26,8 +27,9 @@ class TorchEngine(LoopEngine):
                  stall_timeout: float | None = None, prefix_cache_bytes: int = 0,
                  graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
                  cuda_graphs: bool = False, media_limits: MediaLimits | None = None,
-                 kv_cache_dtype: str = "auto") -> None:
-        """`kv_cache_dtype`: option.kv_cache_dtype's value (kv_dtype.py)."""
+                 kv_cache_dtype: str = "auto", speculation: NgramSettings | None = None) -> None:
+        """`kv_cache_dtype`: option.kv_cache_dtype's value (kv_dtype.py); `speculation`:
+        option.speculative_config's n-gram proposals (loop/speculation.py)."""
         self.graphs = graphs
         cache, why = kv_dtype.choose(kv_cache_dtype, loaded.model.dtype)
         self.kv_cache_dtype = kv_dtype.name(cache)  # the dtype chosen, as GET /config shows it
@@ -42,7 +44,7 @@ class TorchEngine(LoopEngine):
             # holds the GIL for seconds.
             on_serve=graphs.start if graphs else None, on_stop=graphs.close if graphs else None,
             lora=lora, media=None if loaded.processor is None else MediaPrompts(loaded.processor),
-            media_limits=media_limits)
+            media_limits=media_limits, speculation=speculation)
         log.info("KV cache: %s (%s), %d bytes per token", self.kv_cache_dtype, why,
                  self.batcher.runner.kv_bytes_per_token)
 
