@@ -162,7 +162,8 @@ class ModelRunner:
         """Speculated tokens (loop/speculation.py): for each row in slots 0.., whose `lengths`
         tokens are cached, its tokens from position lengths[i] in one eager pass, float32 logits
         [len, V] per row. Its attention and linears give each position the bits a one-token
-        decode step gives it (tests/engines/test_speculation.py). Like a decode pass, a 16-bit
+        decode step gives it (float32 linears: ~1e-5 apart from a one-row step, which oneDNN
+        runs as a GEMV; docs/engines.md#speculative-decoding). Like a decode pass, a 16-bit
         one reads at least `min_rows` positions: row 0's tokens are repeated (same slot, same
         positions, same bits written)."""
         chunks = [PrefillChunk(slot=slot, token_ids=ids, start=start, all_logits=True)
