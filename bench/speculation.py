@@ -4,8 +4,10 @@ one, on the embedded SmolLM2-135M-Instruct.
 
     .venv/bin/python -m bench.speculation [--option KEY=VALUE ...] [--tokens 96] [--turns 3]
 
-One `lmi-serve` without speculation, then one with `--spec` (vLLM's speculative_config JSON),
-each serving `--turns` greedy chat requests per prompt, one at a time (max_tokens `--tokens`).
+Two `lmi-serve`s, one without speculation and one with `--spec` (vLLM's speculative_config
+JSON), each serving `--turns` greedy chat requests per prompt, one request at a time, the two
+alternating request by request so that a shared machine's drifting load falls on both alike
+(max_tokens `--tokens`).
 Speed is completion tokens over the requests' wall time; the texts must be identical with and
 without. Prints a table with the acceptance the server counted (vllm:spec_decode_* in /metrics)
 and writes `<out>/speculation-<time>.json`.
@@ -14,6 +16,7 @@ and writes `<out>/speculation-<time>.json`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import time
@@ -59,37 +62,53 @@ def counters(url: str) -> dict[str, float]:
     return {name: float(value) for name, value in found}
 
 
-def run(url: str, prompts: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """The prompts' answers, tokens and seconds, `turns` times each, one request at a time."""
-    texts, tokens, seconds = [], 0, 0.0
-    before = counters(url)
+def ask(url: str, prompt: str, tokens: int) -> tuple[str, int, float]:
+    """One greedy chat answer: its text, completion tokens and seconds."""
+    began = time.perf_counter()
+    answer = httpx.post(f"{url}/v1/chat/completions", timeout=600, json={
+        "model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": tokens,
+        "messages": [{"role": "user", "content": prompt}]}).json()
+    return (answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"],
+            time.perf_counter() - began)
+
+
+def run(urls: dict[str, str], prompts: list[str], args: argparse.Namespace
+        ) -> dict[str, dict[str, Any]]:
+    """Per mode (off, on): the prompts' answers, tokens and seconds, `turns` times each, one
+    request at a time, the modes alternating request by request (the machine's load drifts)."""
+    before = counters(urls["on"])
+    done = {mode: {"texts": [], "tokens": 0, "seconds": 0.0} for mode in urls}
     for _ in range(args.turns):
         for prompt in prompts:
-            began = time.perf_counter()
-            answer = httpx.post(f"{url}/v1/chat/completions", timeout=600, json={
-                "model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": args.tokens,
-                "messages": [{"role": "user", "content": prompt}]}).json()
-            seconds += time.perf_counter() - began
-            tokens += answer["usage"]["completion_tokens"]
-            texts.append(answer["choices"][0]["message"]["content"])
-    after = counters(url)
+            for mode, url in urls.items():
+                text, tokens, seconds = ask(url, prompt, args.tokens)
+                done[mode]["texts"].append(text)
+                done[mode]["tokens"] += tokens
+                done[mode]["seconds"] += seconds
+    after = counters(urls["on"])
     spent = {k: after[k] - before.get(k, 0.0) for k in after}
-    return {"texts": texts, "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-            "acceptance": spent["num_accepted_tokens"] / spent["num_draft_tokens"]
-            if spent.get("num_draft_tokens") else None}
+    for result in done.values():
+        result["tok_s"] = result["tokens"] / result["seconds"]
+    done["on"]["acceptance"] = spent["num_accepted_tokens"] / spent["num_draft_tokens"] \
+        if spent.get("num_draft_tokens") else None
+    return done
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results: dict[str, dict[str, Any]] = {}
-    for mode, extra in (("off", []), ("on", [f"option.speculative_config={args.spec}"])):
-        options = ["option.embedding_model_id=none", *args.option, *extra]
-        with ServerProcess(lmi_serve(options), args.out / f"speculation-{stamp}-{mode}.log") \
-                as server:
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for mode, extra in (("off", []), ("on", [f"option.speculative_config={args.spec}"])):
+            options = ["option.embedding_model_id=none", *args.option, *extra]
+            server = stack.enter_context(ServerProcess(
+                lmi_serve(options), args.out / f"speculation-{stamp}-{mode}.log"))
             server.wait_ready(600)
-            for name, prompts in (("grounded", GROUNDED), ("free", FREE)):
-                results[f"{name}/{mode}"] = run(server.url, prompts, args)
+            urls[mode] = server.url
+        for name, prompts in (("grounded", GROUNDED), ("free", FREE)):
+            for mode, result in run(urls, prompts, args).items():
+                results[f"{name}/{mode}"] = result
     rows = []
     for name in ("grounded", "free"):
         off, on = results[f"{name}/off"], results[f"{name}/on"]
