@@ -189,6 +189,14 @@ SETTINGS: tuple[Setting, ...] = (
             engine=True),
     Setting("option.allowed_local_media_path", "allowed_local_media_path", values.text, None,
             engine=True),
+    # Speculative decoding: vLLM's `speculative_config` (JSON), and the older names DJL's
+    # lmi-dist took, mapped onto it (settings.py: _check_speculative).
+    Setting("option.speculative_config", "speculative_config", values.speculative_config, None,
+            engine=True),
+    Setting("option.speculative_draft_model", "speculative_draft_model", values.text, None,
+            engine=True),
+    Setting("option.speculative_length", "speculative_length", values.integer(1), None,
+            engine=True),
     # A dead engine loop is rebuilt and restarted (true) or stops the process with exit 1.
     Setting("option.engine_restart", "engine_restart", values.boolean, True, engine=True),
     # Seconds one engine step may run before the engine counts as stuck (0: no limit).

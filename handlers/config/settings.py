@@ -127,6 +127,10 @@ class Config:
     limit_mm_per_prompt: dict[str, int] | None  # modality -> count; None: MindIE's 20 in all
     allowed_media_domains: tuple[str, ...] | None  # None: any host
     allowed_local_media_path: str | None  # None: no server path may be read
+    # vLLM's speculative_config (the older DJL names mapped onto it); None: no speculation
+    speculative_config: dict[str, Any] | None
+    speculative_draft_model: str | None  # DJL's older name: speculative_config's `model`
+    speculative_length: int | None  # ... and its num_speculative_tokens
     engine_restart: bool
     engine_stall_timeout: int  # seconds; 0: no limit
     host: str
@@ -193,6 +197,7 @@ def load_config(
     settings |= model_values(model_dir, settings, sources)
     _check_batching(settings, sources)
     _check_client_batch(settings, sources)
+    _check_speculative(settings, sources)
     _check_traces(settings, sources, env)
     sources["model_dir"] = dir_source
     adapters = find_adapters(model_dir, settings["lora_modules"], sources["lora_modules"],
@@ -302,6 +307,33 @@ def _check_batching(settings: dict[str, Any], sources: dict[str, str]) -> None:
         )
     settings["rolling_batch"] = "disable"
     sources["rolling_batch"] = f"derived from batch_size={size}"
+
+
+# DJL's lmi-dist proposed this many tokens per step unless option.speculative_length said.
+DJL_SPECULATIVE_LENGTH = 5
+
+
+def _check_speculative(settings: dict[str, Any], sources: dict[str, str]) -> None:
+    """DJL's older option.speculative_draft_model / option.speculative_length become
+    option.speculative_config's `model` and `num_speculative_tokens`; naming both ways, or a
+    length without a draft model, stops startup."""
+    draft, length = settings["speculative_draft_model"], settings["speculative_length"]
+    if draft is None and length is None:
+        return
+    older = "option.speculative_draft_model" if draft is not None \
+        else "option.speculative_length"
+    source = sources["speculative_draft_model" if draft is not None else "speculative_length"]
+    if settings["speculative_config"] is not None:
+        raise ConfigError(f"{older} ({source}) and option.speculative_config "
+                          f"({sources['speculative_config']}) both configure speculative "
+                          "decoding: keep one (option.speculative_config takes every setting)")
+    if draft is None:
+        raise ConfigError(f"option.speculative_length={length} ({source}) needs "
+                          "option.speculative_draft_model (or use option.speculative_config, "
+                          'e.g. {"method": "ngram", "num_speculative_tokens": 4})')
+    settings["speculative_config"] = {"model": draft, "num_speculative_tokens":
+                                      length or DJL_SPECULATIVE_LENGTH}
+    sources["speculative_config"] = f"derived from {older} ({source})"
 
 
 def _check_client_batch(settings: dict[str, Any], sources: dict[str, str]) -> None:

@@ -99,6 +99,36 @@ def modality_counts(value: str) -> dict[str, int]:
     return counts
 
 
+_SPEC_COUNTS = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+
+
+def speculative_config(value: str) -> dict[str, Any]:
+    """vLLM's `speculative_config`, a JSON object: a `method` (ngram, ...) or a draft `model`,
+    its counts whole numbers >= 1 and prompt_lookup_min <= prompt_lookup_max. Which methods an
+    engine runs is the engine's question."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError('expected a JSON object, e.g. {"method": "ngram", '
+                         '"num_speculative_tokens": 4, "prompt_lookup_max": 3}')
+    for key in _SPEC_COUNTS:
+        count = parsed.get(key)
+        if key in parsed and (isinstance(count, bool) or not isinstance(count, int)
+                              or count < 1):
+            raise ValueError(f"expected {key} to be an integer >= 1 (got {count!r})")
+    low, high = parsed.get("prompt_lookup_min"), parsed.get("prompt_lookup_max")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"expected prompt_lookup_min <= prompt_lookup_max (got {low} > {high})")
+    for key in ("method", "model"):
+        if key in parsed and not (isinstance(parsed[key], str) and parsed[key].strip()):
+            raise ValueError(f"expected {key} to be a non-empty string (got {parsed[key]!r})")
+    if "method" not in parsed and "model" not in parsed:
+        raise ValueError('expected a "method" (e.g. "ngram") or a draft "model"')
+    return parsed
+
+
 def domain_list(value: str) -> tuple[str, ...]:
     """Host names, comma-separated (vLLM's `--allowed-media-domains`)."""
     domains = tuple(d.strip().lower() for d in value.split(",") if d.strip())

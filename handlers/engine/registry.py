@@ -51,6 +51,8 @@ _ROLLING = frozenset({"option.max_rolling_batch_size", "option.max_rolling_batch
 _HF = frozenset({"option.dtype", "option.device", "option.trust_remote_code",
                  "option.kv_cache_dtype"})
 _SUPERVISED = frozenset({"option.engine_restart", "option.engine_stall_timeout"})
+_SPECULATIVE = frozenset({"option.speculative_config", "option.speculative_draft_model",
+                          "option.speculative_length"})
 _LORA = frozenset({"option.lora_modules", "option.enable_lora", "option.max_loras",
                    "option.max_lora_rank"})
 _MEDIA = frozenset({"option.limit_mm_per_prompt", "option.allowed_media_domains",
@@ -65,17 +67,16 @@ ENGINES = {
     # The torch engine compiles its CPU decode step unless option.enforce_eager=true; it applies
     # LoRA adapters itself (handlers/engine/torch/lora.py); option.quantize: TORCH_QUANTIZE's.
     "torch": EngineEntry("torch", "handlers.engine.torch.build",
-                         _ROLLING | _HF | _SUPERVISED | _LORA | _MEDIA | {"option.enforce_eager",
-                                                                 "option.enable_prefix_caching",
-                                                                 "option.quantize",
-                                                                 "option.gpu_memory_utilization",
-                                                                 "option.kv_cache_memory_bytes"},
+                         _ROLLING | _HF | _SUPERVISED | _LORA | _MEDIA | _SPECULATIVE
+                         | {"option.enforce_eager", "option.enable_prefix_caching",
+                            "option.quantize", "option.gpu_memory_utilization",
+                            "option.kv_cache_memory_bytes"},
                          choices=(("option.quantize", TORCH_QUANTIZE),)),
     # Health turns false past option.engine_stall_timeout; a dead engine core (with its
     # workers) is launched again or ends the process (option.engine_restart). LoRA adapters are
     # vLLM's own. Any AsyncEngineArgs field may be given by name (option.<field>).
     "vllm": EngineEntry("vllm", "handlers.engine.vllm.build",
-                        _ROLLING | _HF | _GPU | _LORA | _MEDIA | _SUPERVISED,
+                        _ROLLING | _HF | _GPU | _LORA | _MEDIA | _SUPERVISED | _SPECULATIVE,
                         arguments="handlers.engine.vllm.args:vllm_fields", package="vllm",
                         choices=(("option.kv_cache_dtype", VLLM_KV),)),
     # The CPU only (option.device: auto or cpu); the weights' type is the GGUF's.
@@ -201,7 +202,8 @@ def argument_names(engine: str) -> frozenset[str]:
 def _departs(config: Config, setting: Setting, entry: EngineEntry) -> bool:
     """Whether the setting asks `entry` for other than the default (SageMaker sets the parallel
     degree to its GPU count: `max`, or the count, on one device or none means the default)."""
-    if (setting.field, getattr(config, setting.field)) in entry.inherent:
+    value = getattr(config, setting.field)  # a dict for some (unhashable): compared, not hashed
+    if any(field == setting.field and value == inherent for field, inherent in entry.inherent):
         return False
     if setting.field == "tensor_parallel_degree":
         return config.tensor_parallel_degree not in (1, "max") or (

@@ -371,6 +371,8 @@ class _EngineReading:
             yield _cache_config(stats, "prefix_cache_queries" in stats)
         if "prefix_cache_queries" in stats:  # an engine caching prompt prefixes
             yield from self._prefix_cache(stats)
+        if "spec_decode_num_drafts" in stats:  # speculative decoding (option.speculative_config)
+            yield from self._spec_decode(stats)
         if "dynamic_batches" in stats:  # option.rolling_batch=disable
             yield self._dynamic_batch_size(stats)
         if (activity := self.activity()) is not None:
@@ -434,6 +436,23 @@ class _EngineReading:
                                                 labels=["model"]), value)
             yield self._vllm(CounterMetricFamily(f"vllm:prefix_cache_{key}", doc,
                                                  labels=["model_name", "engine"]), value)
+
+    def _spec_decode(self, stats: dict[str, int]) -> Iterator[Metric]:
+        """vLLM's speculative decoding counters (acceptance rate: accepted / draft tokens)."""
+        for key, doc in (("num_drafts", "Rows that proposed tokens, counted per step"),
+                         ("num_draft_tokens", "Tokens proposed"),
+                         ("num_accepted_tokens", "Proposed tokens accepted")):
+            yield self._vllm(CounterMetricFamily(f"vllm:spec_decode_{key}", doc,
+                                                 labels=["model_name", "engine"]),
+                             stats[f"spec_decode_{key}"])
+        metric = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                     "Proposed tokens accepted, by their place in the proposal",
+                                     labels=["model_name", "engine", "position"])
+        position = 0
+        while (value := stats.get(f"spec_decode_accepted_at_{position}")) is not None:
+            metric.add_metric([self.model_name, "0", str(position)], value)
+            position += 1
+        yield metric
 
     def _dynamic_batch_size(self, stats: dict[str, int]) -> Metric:
         # _count: batches run; _sum: HTTP requests they served.

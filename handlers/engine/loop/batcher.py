@@ -31,6 +31,7 @@ from handlers.engine.loop.admission import TokenBudget
 from handlers.engine.loop.prefix_cache import BLOCK, PrefixCache
 from handlers.engine.loop.runner import PrefillChunk, Runner
 from handlers.engine.loop.sequence import RequestState, Sequence, Thinking, make_token
+from handlers.engine.loop.speculation import NgramSettings, Speculator
 from handlers.engine.types import (
     FinishReason,
     GenerationRequest,
@@ -56,6 +57,7 @@ class ContinuousBatcher:
         counters: dict[str, int] | None = None,  # carried over from a batcher this replaces
         prefix_cache_bytes: int = 0,  # keys/values of recent prompts kept for reuse; 0: none
         kv_budget: KVBudget | None = None,  # what the running sequences' keys/values may take
+        speculation: NgramSettings | None = None,  # n-gram proposals (a VerifyingRunner's)
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
@@ -79,6 +81,7 @@ class ContinuousBatcher:
                                    self.counters, runner.prefix_places)
                        if prefix_cache_bytes else None)
         self.admission = TokenBudget.of(kv_budget, runner.kv_bytes_per_token, max_model_len)
+        self.speculator = Speculator(speculation, self.counters) if speculation else None
 
     # -- public surface -------------------------------------------------------------------------
 
@@ -448,8 +451,10 @@ class ContinuousBatcher:
     # -- decode ---------------------------------------------------------------------------------
 
     def _decode(self, touched: dict[str, RequestState], count: int) -> None:
-        """Decode the sequences in slots 0..count-1."""
+        """Decode the sequences in slots 0..count-1 (with their proposals, where speculating)."""
         rows = self.decoding[:count]
+        if self.speculator is not None and self._speculate(rows, touched):
+            return
         tokens = [seq.token_ids[-1] for seq in rows]
         lengths = [seq.cached for seq in rows]
         try:
@@ -465,6 +470,41 @@ class ContinuousBatcher:
         self._sample_rows(logits, rows)
         for seq in rows:
             touched[self._state_of(seq).request_id] = self._state_of(seq)
+
+    def _speculate(self, rows: list[Sequence], touched: dict[str, RequestState]) -> bool:
+        """One pass over every row's last token and its proposals, if any row has some
+        (speculation.py); False when none has: the plain decode pass runs."""
+        # Every position the pass writes (rows pad to the longest) stays within the context.
+        room = self.max_model_len - 1 - max(seq.cached for seq in rows)
+        limits = [min(room, seq.params.max_new_tokens - seq.generated - 1,
+                      self.max_model_len - len(seq.token_ids) - 1) for seq in rows]
+        proposals = self.speculator.propose(rows, limits)
+        if not any(proposals):
+            return False
+        chains = [[seq.token_ids[-1], *proposal] for seq, proposal in zip(rows, proposals,
+                                                                          strict=True)]
+        try:
+            logits = self.runner.verify(chains, [seq.cached for seq in rows])
+        except Exception:
+            log.exception("verifying proposals over %d rows failed; decoding without", len(rows))
+            return False
+        accepted = [0] * len(rows)
+        live, position = list(range(len(rows))), 0
+        while live:  # rows whose tokens so far were all accepted, sampled at `position`
+            for i in live:
+                rows[i].cached += 1  # its token at `position` is in the cache, accepted
+            self._sample_rows(torch.stack([logits[i][position] for i in live]),
+                              [rows[i] for i in live])
+            live = [i for i in live if not rows[i].finished and position + 1 < len(chains[i])
+                    and rows[i].token_ids[-1] == chains[i][position + 1]]
+            for i in live:
+                accepted[i] += 1
+            position += 1
+        for seq, proposal, count in zip(rows, proposals, accepted, strict=True):
+            self.runner.truncate(seq.slot, seq.cached)
+            self.speculator.verified(seq, len(proposal), count)
+            touched[self._state_of(seq).request_id] = self._state_of(seq)
+        return True
 
     def _decode_rows_alone(self, rows, tokens, lengths, touched) -> torch.Tensor:
         """Isolate a failing row: the rows that fail alone finish with an error; others go on."""

@@ -18,6 +18,7 @@ from handlers.engine.hf_tokenizer import HFTokenizer
 from handlers.engine.kv_budget import KVBudget
 from handlers.engine.loop.batcher import ContinuousBatcher
 from handlers.engine.loop.runner import Runner
+from handlers.engine.loop.speculation import NgramSettings
 from handlers.engine.loop.thread import EngineLoop
 from handlers.engine.media import MediaLimits, MediaReader
 from handlers.engine.prompt_tokens import prompt_ids
@@ -86,8 +87,10 @@ class LoopEngine:
                  prefix_cache_bytes: int = 0, on_serve: Callable[[], None] | None = None,
                  on_stop: Callable[[], None] | None = None,
                  lora: AdapterSet | None = None, media: PromptMedia | None = None,
-                 media_limits: MediaLimits | None = None, kv_budget: KVBudget | None = None
-                 ) -> None:
+                 media_limits: MediaLimits | None = None, kv_budget: KVBudget | None = None,
+                 speculation: NgramSettings | None = None) -> None:
+        """`kv_budget`: what the running sequences' cache may take (None: no bound);
+        `speculation`: n-gram proposals, verified by `new_runner()`'s VerifyingRunner."""
         self.model_name = loaded.name
         self.media = media
         reader = None if media is None else MediaReader(media.kinds,
@@ -104,7 +107,7 @@ class LoopEngine:
         def new_batcher(counters: dict[str, int] | None) -> ContinuousBatcher:
             return ContinuousBatcher(new_runner(), loaded.tokenizer, loaded.eos_token_ids,
                                      max_batch_size, max_prefill_tokens, loaded.max_model_len,
-                                     counters, prefix_cache_bytes, kv_budget)
+                                     counters, prefix_cache_bytes, kv_budget, speculation)
 
         self.loop = EngineLoop(new_batcher, stall_timeout, on_serve, on_stop)
         self.vocab_size = self.batcher.runner.vocab_size

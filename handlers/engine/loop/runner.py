@@ -67,3 +67,14 @@ class Runner(PrefixStore, Protocol):
 
     def release(self, slot: int) -> None:
         """The slot's sequence ended."""
+
+
+class VerifyingRunner(Runner, Protocol):
+    """A runner that verifies speculated tokens (speculation.py): the torch engine's."""
+
+    def verify(self, token_ids: list[list[int]], lengths: list[int]) -> list[torch.Tensor]:
+        """For each row in slots 0.., whose `lengths` tokens are cached, its tokens (the last
+        generated, then the proposed) in one pass: float32 logits [len, V] per row."""
+
+    def truncate(self, slot: int, length: int) -> None:
+        """The slot holds its first `length` positions only (those after were rejected)."""

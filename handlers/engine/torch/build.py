@@ -9,6 +9,7 @@ from handlers.config import Config, ConfigError, chat_template_text, with_source
 from handlers.engine.base import EngineBuild
 from handlers.engine.kv_budget import KVBudget, kv_budget
 from handlers.engine.loop.direct import DirectStepper
+from handlers.engine.loop.speculation import NgramSettings
 from handlers.engine.media import MediaLimits
 from handlers.engine.media.limits import media_settings_given
 from handlers.engine.memory import revoke
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def build(config: Config) -> EngineBuild:
+    speculation = NgramSettings.of(config.speculative_config, config.sources["speculative_config"])
     source = resolve_model_source(config.model_id, config.model_dir, config.revision)
     config = with_source_adapters(config, source)
     loaded = load_model(source, dtype=config.dtype, device=config.device,
@@ -53,12 +55,17 @@ def build(config: Config) -> EngineBuild:
                              prefix_cache_bytes=prefix_bytes, graphs=graphs, lora=lora,
                              cuda_graphs=on_gpu and not config.enforce_eager,
                              media_limits=_media_limits(config, loaded),
-                             kv_cache_dtype=config.kv_cache_dtype, kv_budget=budget)
+                             kv_cache_dtype=config.kv_cache_dtype, kv_budget=budget,
+                             speculation=speculation)
         if lora is not None:  # the runner wrapped the model's projections: the adapters fit in
             _add_adapters(config, lora)
     except BaseException:
         revoke(budget and budget.grant)  # no engine holds it
         raise
+    if speculation is not None:
+        log.info("speculative decoding: up to %d tokens proposed per row and step by n-gram "
+                 "lookup (%d to %d tokens matched)", speculation.num_tokens,
+                 speculation.lookup_min, speculation.lookup_max)
     return EngineBuild(engine, main_loop=engine.loop, steppable=DirectStepper(engine))
 
 

@@ -11,6 +11,7 @@ import logging
 from handlers.engine import memory
 from handlers.engine.kv_budget import KVBudget
 from handlers.engine.loop.engine import LoopEngine
+from handlers.engine.loop.speculation import NgramSettings
 from handlers.engine.media import MediaLimits
 from handlers.engine.torch import kv_dtype
 from handlers.engine.torch.decode_graphs import DecodeGraphs
@@ -28,9 +29,11 @@ class TorchEngine(LoopEngine):
                  stall_timeout: float | None = None, prefix_cache_bytes: int = 0,
                  graphs: DecodeGraphs | None = None, lora: LoraSet | None = None,
                  cuda_graphs: bool = False, media_limits: MediaLimits | None = None,
-                 kv_cache_dtype: str = "auto", kv_budget: KVBudget | None = None) -> None:
+                 kv_cache_dtype: str = "auto", kv_budget: KVBudget | None = None,
+                 speculation: NgramSettings | None = None) -> None:
         """`kv_cache_dtype`: option.kv_cache_dtype's value (kv_dtype.py); `kv_budget`: what
-        the running sequences' cache may take (kv_budget.py; None: no bound)."""
+        the running sequences' cache may take (kv_budget.py; None: no bound); `speculation`:
+        option.speculative_config's n-gram proposals (loop/speculation.py)."""
         self.graphs = graphs
         self.kv_budget = kv_budget
         cache, why = kv_dtype.choose(kv_cache_dtype, loaded.model.dtype)
@@ -46,7 +49,7 @@ class TorchEngine(LoopEngine):
             # holds the GIL for seconds.
             on_serve=graphs.start if graphs else None, on_stop=graphs.close if graphs else None,
             lora=lora, media=None if loaded.processor is None else MediaPrompts(loaded.processor),
-            media_limits=media_limits, kv_budget=kv_budget)
+            media_limits=media_limits, kv_budget=kv_budget, speculation=speculation)
         per_token = self.batcher.runner.kv_bytes_per_token
         log.info("KV cache: %s (%s), %d bytes per token", self.kv_cache_dtype, why, per_token)
         if kv_budget is not None:

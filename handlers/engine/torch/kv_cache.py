@@ -110,6 +110,11 @@ class SlotKVCache:
         for slot, end in zip(slots, ends, strict=True):
             self.lengths[slot] = max(self.lengths[slot], end)
 
+    def truncate(self, slot: int, length: int) -> None:
+        """Positions from `length` on are no longer held (rejected speculated tokens: the next
+        pass writes them again before any query reads them)."""
+        self.lengths[slot] = min(self.lengths[slot], length)
+
     def release(self, slot: int) -> None:
         """The slot's sequence ended: what it holds is no longer needed (nor, perhaps, the
         room it grew the buffers to)."""

@@ -158,6 +158,23 @@ class ModelRunner:
             logits.append(self._lm_head(rows).float())
         return logits
 
+    def verify(self, token_ids: list[list[int]], lengths: list[int]) -> list[torch.Tensor]:
+        """Speculated tokens (loop/speculation.py): for each row in slots 0.., whose `lengths`
+        tokens are cached, its tokens from position lengths[i] in one eager pass, float32 logits
+        [len, V] per row. Its attention and linears give each position the bits a one-token
+        decode step gives it (float32 linears: ~1e-5 apart from a one-row step, which oneDNN
+        runs as a GEMV; docs/engines.md#speculative-decoding). Like a decode pass, a 16-bit
+        one reads at least `min_rows` positions: row 0's tokens are repeated (same slot, same
+        positions, same bits written)."""
+        chunks = [PrefillChunk(slot=slot, token_ids=ids, start=start, all_logits=True)
+                  for slot, (ids, start) in enumerate(zip(token_ids, lengths, strict=True))]
+        short = self.min_rows - sum(len(ids) for ids in token_ids)
+        pads = -(-short // len(token_ids[0])) if short > 0 else 0
+        return self.prefill(chunks + [chunks[0]] * pads)[: len(chunks)]
+
+    def truncate(self, slot: int, length: int) -> None:
+        self.cache.truncate(slot, length)
+
     def _embeds(self, ids: torch.Tensor, chunks: list[PrefillChunk]) -> torch.Tensor | None:
         """The pass's input embeddings where a chunk brings its own (media), else None."""
         if all(c.embeds is None for c in chunks):

@@ -44,6 +44,8 @@ LMI_TO_VLLM = {
     # How many media a prompt may carry: vLLM sizes its encoder cache and memory profile by it
     # (the server reads and checks the media itself: engine/media/).
     "limit_mm_per_prompt": "limit_mm_per_prompt",
+    # Speculative decoding, as vLLM takes it (the older DJL names were mapped onto it).
+    "speculative_config": "speculative_config",
 }
 _DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _BY_FIELD = {s.field: s for s in SETTINGS}
