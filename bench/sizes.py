@@ -14,10 +14,11 @@ prefill rate of a 512-token prompt (best of two), then generated tokens/s at 1 s
 also at 8 and 16: llama.cpp driven directly serves one request at a time). Memory is the process
 tree's resident set (VmRSS summed, sampled every 0.2 s) or the server's own high-water mark
 (VmHWM), whichever is higher. Ours runs `lmi-serve --option option.model_id=FILE` with no other
-setting but `option.max_model_len` (--context, llama.cpp's n_ctx too) and no embedding model
-(more with --option). The machine (`lscpu`'s model name) and the load average go with every
-run. Prints a table and issue 50's targets, met or not; writes `<out>/sizes-<time>.json` and
-`.png`.
+setting but `option.max_model_len` (--context, llama.cpp's n_ctx too), no embedding model and
+a stall timeout of 30 minutes (a first request builds kernels; more with --option); each start
+answers one short request (timed: `first_answer_s`) before anything else. The machine
+(`lscpu`'s model name) and the load average go with every run. Prints a table and issue 50's
+targets, met or not; writes `<out>/sizes-<time>.json` and `.png`.
 
 llama.cpp runs in the environment that has llama_cpp (LMI_EXTRAS=llamacpp), --llamacpp-python.
 """

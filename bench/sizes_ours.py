@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -61,10 +62,11 @@ class TreeMemory:
 
 def memory(server: ServerProcess, tree: TreeMemory) -> dict[str, float]:
     """Resident now (the tree's) and the peak so far (the tree's sampled, or the server's own
-    high-water mark where higher), in GiB."""
+    high-water mark where higher; that one alone too, without a compiler's), in GiB."""
     rss = tree.now()
     own_peak = memory_kib(server.proc.pid)["VmHWM"] * 1024
-    return {"rss_gib": rss / 2**30, "peak_gib": max(tree.peak, own_peak) / 2**30}
+    return {"rss_gib": rss / 2**30, "peak_gib": max(tree.peak, own_peak) / 2**30,
+            "server_peak_gib": own_peak / 2**30}
 
 
 def ours(model: Path, cache_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -76,8 +78,11 @@ def ours(model: Path, cache_dir: Path, args: argparse.Namespace) -> dict[str, An
 
 def start(model: Path, cache_dir: Path, args: argparse.Namespace, loaded: bool
           ) -> dict[str, Any]:
+    # A first request builds C++ kernels inside an engine step (minutes on a busy machine):
+    # the stall timeout is raised past that so that the server does not stop itself.
     options = [f"option.model_id={model}", "option.embedding_model_id=none",
-               f"option.max_model_len={args.context}", *args.option]
+               f"option.max_model_len={args.context}", "option.engine_stall_timeout=1800",
+               *args.option]
     env = {**thread_env(args.threads), "LMI_CACHE_DIR": str(cache_dir)}
     log = args.out / f"sizes-{model.name}-{'warm' if loaded else 'first'}.log"
     with ServerProcess(lmi_serve(options, args.python), log, env=env) as server, \
@@ -90,6 +95,9 @@ def start(model: Path, cache_dir: Path, args: argparse.Namespace, loaded: bool
         except TimeoutError:  # still compiling: what follows runs eagerly meanwhile
             result["graphs_s"] = None
         result["graphs_ready"] = memory(server, tree)
+        began = time.perf_counter()
+        asyncio.run(client.warm_up(server.url, client.LMI))
+        result["first_answer_s"] = time.perf_counter() - began
         if loaded:
             result |= asyncio.run(load(server.url, args))
             result["after_load"] = memory(server, tree)
@@ -98,7 +106,6 @@ def start(model: Path, cache_dir: Path, args: argparse.Namespace, loaded: bool
 
 async def load(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """The prefill rate (best of two prompts), then each stream count's level."""
-    await client.warm_up(url, client.LMI)
     prefill = max([await prefill_rate(url, args.prompt_tokens, i) for i in range(2)],
                   key=lambda r: r["tok_s"])
     levels = {}

@@ -9,8 +9,7 @@ from bench.report import figure, format_table
 from bench.stats import RequestResult, level
 
 HEADER = ("model", "system", "file GiB", "first start s", "warm start s", "graphs s",
-          "RSS ready GiB (first/warm)", "peak start GiB", "peak load GiB", "prefill tok/s",
-          "tok/s 1 stream", "8", "16")
+          "RSS ready GiB (first/warm)", "peak start GiB", "peak load GiB", "prefill tok/s")
 NAMES = {"ours": "lmi-serve", "llamacpp": "llama.cpp direct"}
 
 
@@ -33,6 +32,7 @@ def summary(found: dict[str, Any]) -> dict[str, Any]:
 
 
 def rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
+    streams = [str(n) for n in doc["settings"]["streams"]]
     out = []
     for name, entry in doc["models"].items():
         for system in NAMES:
@@ -46,12 +46,13 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
                         f"{s['rss_first']:.2f} / {s['rss_warm']:.2f}", f"{s['peak_start']:.2f}",
                         f"{s['peak_load']:.2f}", f"{s['prefill']:.0f}",
                         *(f"{s['rates'][k]:.1f}" if k in s["rates"] else "-"
-                          for k in ("1", "8", "16"))))
+                          for k in streams)))
     return out
 
 
 def table(doc: dict[str, Any]) -> str:
-    return (format_table(HEADER, rows(doc), markdown=True)
+    header = (*HEADER, *(f"tok/s {n} streams" for n in doc["settings"]["streams"]))
+    return (format_table(header, rows(doc), markdown=True)
             + f"\n\n{doc['machine']['cpu']}, {doc['machine']['cores']} cores; load average "
               f"{doc['load_average_at_start']} at the start, {doc.get('load_average_at_end')} "
               "at the end")
