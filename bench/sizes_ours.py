@@ -98,6 +98,7 @@ def start(model: Path, cache_dir: Path, args: argparse.Namespace, loaded: bool
         began = time.perf_counter()
         asyncio.run(client.warm_up(server.url, client.LMI))
         result["first_answer_s"] = time.perf_counter() - began
+        result["answered"] = memory(server, tree)  # a mapped file's pages count once read
         if loaded:
             result |= asyncio.run(load(server.url, args))
             result["after_load"] = memory(server, tree)
