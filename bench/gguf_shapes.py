@@ -4,9 +4,10 @@ Qwen3's q/k norms, Phi-3's joined q/k/v and gate/up), with Llama 3's `rope_freqs
 
 The blocks are written as gguf's writer takes them (`raw_dtype`): random quantized values and
 random float16 scales drawn directly in each block type's layout (Q4_0, Q8_0, and the K-quants
-Q4_K and Q6_K that Q4_K_M files hold), sized so a weight's spread is ~0.02 as in trained models;
-the norms are float32 near 1. The tokenizer and chat template are the embedded SmolLM2's (copied
-from its GGUF's metadata), so a server can take prompts. Tensors are written one at a time:
+Q4_K and Q6_K that Q4_K_M files hold), or F16 floats for llama.cpp's quantizer (bench.sizes),
+sized so a weight's spread is ~0.02 as in trained models; the norms are float32 near 1. The
+tokenizer and chat template are the embedded SmolLM2's (copied from its GGUF's metadata), so a
+server can take prompts. Tensors are written one at a time:
 making a 1B file holds one tensor in memory.
 
     python -m bench.gguf_shapes OUT.gguf --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
@@ -84,6 +85,8 @@ def write_llama_gguf(path: Path, shape: Shape, kind: Kind = Kind.Q4_0, seed: int
         nbytes = rows * _row_bytes(columns, tensor_kind)
         if tensor_kind == Kind.F32:  # a norm: one dimension
             writer.add_tensor_info(name, (columns,), np.dtype(np.float32), nbytes)
+        elif tensor_kind == Kind.F16:
+            writer.add_tensor_info(name, (rows, columns), np.dtype(np.float16), nbytes)
         else:
             writer.add_tensor_info(name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes,
                                    tensor_kind)
@@ -160,8 +163,8 @@ def _tensor_plan(shape: Shape, vocab: int, kind: Kind,
 
 
 def _row_bytes(columns: int, kind: Kind) -> int:
-    if kind == Kind.F32:
-        return columns * 4
+    if kind in (Kind.F32, Kind.F16):
+        return columns * (4 if kind == Kind.F32 else 2)
     weights, size, _ = _LAYOUT[kind]
     return columns // weights * size
 
@@ -170,6 +173,9 @@ def _random_tensor(rng: np.random.Generator, rows: int, columns: int, kind: Kind
                    spread: float) -> np.ndarray:
     if kind == Kind.F32:  # a norm: [columns], near 1
         return (1 + 0.1 * rng.standard_normal(columns)).astype(np.float32)
+    if kind == Kind.F16:  # floats for a quantizer to take (bench.sizes)
+        values = rng.standard_normal((rows, columns), dtype=np.float32)
+        return (values * spread).astype(np.float16)
     weights, size, scales = _LAYOUT[kind]
     blocks = rng.integers(0, 256, (rows, columns // weights, size), dtype=np.uint8)
     for offset, scale in scales.items():
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, default in (("hidden", 2048), ("layers", 16), ("heads", 32), ("kv-heads", 8),
                           ("ffn", 8192)):
         parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--kind", choices=[k.name for k in _LAYOUT], default="Q4_0")
+    parser.add_argument("--kind", choices=[k.name for k in (*_LAYOUT, Kind.F16)], default="Q4_0")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     shape = Shape(args.hidden, args.layers, args.heads, args.kv_heads, args.ffn)

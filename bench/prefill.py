@@ -24,10 +24,9 @@ import httpx
 import psutil
 
 from bench.launcher import ServerProcess, lmi_serve
+from bench.prompts import words
 from bench.report import RESULTS, figure, format_table, progress, write_json
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven",
-         "wise", "owls", "count", "silver", "stars", "above", "quiet", "hills", "and", "rivers"]
 LONG = 7000
 SHORT = {"inputs": "Say hi", "parameters": {"max_new_tokens": 4}}
 
@@ -44,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def prompt_of(url: str, tokens: int) -> str:
     """A text of exactly `tokens` tokens, as the server counts them."""
-    text = " ".join(WORDS[i % len(WORDS)] for i in range(tokens + 16))
+    text = words(tokens + 16)
     ids = httpx.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": False},
                      timeout=60).json()["tokens"][:tokens]
     return httpx.post(f"{url}/detokenize", json={"tokens": ids}, timeout=60).json()["prompt"]

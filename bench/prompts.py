@@ -92,3 +92,14 @@ def chat_prompt(question: str, system: str = SYSTEM) -> str:
 def prompt(index: int) -> str:
     """The `index`-th benchmark prompt (cycling through the fixed questions)."""
     return chat_prompt(QUESTIONS[index % len(QUESTIONS)])
+
+
+# Plain words for long prompts of a chosen token count (~one token each in SmolLM2's tokenizer).
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven",
+         "wise", "owls", "count", "silver", "stars", "above", "quiet", "hills", "and", "rivers")
+
+
+def words(count: int, offset: int = 0) -> str:
+    """`count` words cycling through WORDS from its `offset`-th: prompts of different offsets
+    share no prefix."""
+    return " ".join(WORDS[(i + offset) % len(WORDS)] for i in range(count))
