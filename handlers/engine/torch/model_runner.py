@@ -17,6 +17,7 @@ from torch import nn
 
 from handlers.engine.loop import row_reductions
 from handlers.engine.loop.runner import PrefillChunk
+from handlers.engine.torch import invariant_attention
 from handlers.engine.torch.attention import use_slot_cache_attention, visible_keys
 from handlers.engine.torch.cuda_graphs import CudaDecodeGraphs
 from handlers.engine.torch.decode_graphs import DecodeGraphs
@@ -61,7 +62,10 @@ class ModelRunner:
         self.mask_dtype = torch.float32 if cpu else self.dtype
         if self.device.type == "cpu":
             use_slot_cache_attention(language)
-            row_reductions.available()  # built now (first start: seconds), not in a first request
+            # Built now (a first start: seconds, minutes on a busy machine), not inside a first
+            # request's step, where building past option.engine_stall_timeout stopped the server.
+            row_reductions.available()
+            invariant_attention.available()
         self.vocab_size = model.get_output_embeddings().out_features
         log.info("%d projection groups fused", fuse_projections(language))  # before packing
         if lora is not None:

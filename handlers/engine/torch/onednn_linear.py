@@ -52,13 +52,13 @@ def use_onednn_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> 
     `OneDnnLinear`; the number swapped (0 where oneDNN cannot serve them)."""
     if not _usable(dtype):
         return 0
-    # A head tied to the token embedding stays as it is: packing it would hold the table twice
-    # (the embedding still looks rows up in it), 0.5 GB more for Llama-3.2-1B in bf16.
-    tables = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)}
+    # A head tied to the token embedding is packed too, though the table is then held twice
+    # (the embedding looks rows up in it): MKL's nn.Linear computes one row (GEMV) and several
+    # (GEMM) in different orders, and a row's logits would depend on its batch.
     targets = [(parent, name) for parent in model.modules()
                for name, child in parent.named_children()
                if type(child) is nn.Linear and child.weight.dtype == dtype
-               and child.weight.device.type == "cpu" and id(child.weight) not in tables]
+               and child.weight.device.type == "cpu"]
     # Reordering runs outside the GIL: one thread per core halves a second of startup. A few
     # at a time, each swapped in as it is packed, so that a start holds the float weights once
     # and a few layers twice, not the whole model twice.
