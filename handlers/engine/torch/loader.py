@@ -168,8 +168,9 @@ def _weights_summary(model: nn.Module) -> str:
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") \
         else model.get_decoder().embed_tokens
     head = model.get_output_embeddings()
-    tied = any(getattr(head, field, None) is not None
-               and getattr(head, field, None) is getattr(embedding, field, None)
+    tied = any(isinstance(getattr(head, field, None), torch.Tensor)
+               and isinstance(getattr(embedding, field, None), torch.Tensor)
+               and getattr(head, field).data_ptr() == getattr(embedding, field).data_ptr()
                for field in ("weight", "weights"))
     return (f"linear layers {linears if linears != 'none' else 'float'}, token embedding "
             f"{held(embedding)}, output head {held(head)}{' (tied: the same)' if tied else ''}")
