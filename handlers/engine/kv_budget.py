@@ -46,10 +46,14 @@ class KVBudget:
 
 
 def kv_budget(config: Config, cgroup: Path = CGROUP, used: int | None = None) -> KVBudget:
-    """The budget for `config`, measured now (after loading) and granted: `cgroup` is where
-    the container's cgroup is mounted, `used` what this process holds (its resident memory
-    unless given)."""
-    return _budget(config, memory(cgroup), used).granted()
+    """The budget for `config`, measured now (after loading), and granted where a setting
+    sized it: `cgroup` is where the container's cgroup is mounted, `used` what this process
+    holds (its resident memory unless given). The default (most of what is available) is the
+    engine's own bound, not set aside: granted, it left a multi-model endpoint's later models
+    (`POST /models`) a tenth of the memory, then nothing."""
+    budget = _budget(config, memory(cgroup), used)
+    sized = config.kv_cache_memory_bytes is not None or _given(config, "gpu_memory_utilization")
+    return budget.granted() if sized else budget
 
 
 def _budget(config: Config, left: Memory, used: int | None) -> KVBudget:

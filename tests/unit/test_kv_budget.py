@@ -120,19 +120,29 @@ def test_nothing_left_once_loaded_stops_startup(tmp_path):
 
 
 def test_a_granted_budget_is_left_out_of_the_next_budget_and_the_fleets_room(tmp_path):
-    """Two models of one process (the fleet's): the first's budget is its memory from then on,
-    though not yet written, so the second's budget and the fleet's loader do not count it as
-    free; it is free again once the first engine is gone."""
+    """Two models of one process (the fleet's): the first's budget, sized by its setting, is
+    its memory from then on, though not yet written, so the second's budget and the fleet's
+    loader do not count it as free; it is free again once the first engine is gone."""
     roomy()
     group = cgroup_v2(tmp_path / "cg", str(3 * GIB), current=GIB)
-    first = kv_budget(config(tmp_path), group)
+    first = kv_budget(config(tmp_path, f"option.kv_cache_memory_bytes={GIB // 2}"), group)
     try:
         assert available_memory(group) == 2 * GIB - first.bytes
         second = kv_budget(config(tmp_path), group)
-        revoke(second.grant)
+        assert second.grant is None
         assert second.bytes == int((2 * GIB - first.bytes) * (1 - MARGIN)) - HEADROOM_BYTES
     finally:
         revoke(first.grant)
+    assert available_memory(group) == 2 * GIB
+
+
+def test_the_default_budget_sets_nothing_aside(tmp_path):
+    """Unsized, a budget bounds its own engine only: models loaded after it (a multi-model
+    endpoint's) see the memory as it is, not a tenth of it."""
+    roomy()
+    group = cgroup_v2(tmp_path / "cg", str(3 * GIB), current=GIB)
+    budget = kv_budget(config(tmp_path), group)
+    assert budget.grant is None and budget.bytes > 0
     assert available_memory(group) == 2 * GIB
 
 
