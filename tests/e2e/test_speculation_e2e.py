@@ -18,8 +18,11 @@ from openai import OpenAI
 from server_process import server_process
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+# Eager, both: the verify pass is eager, and two servers compiling decode graphs beside the
+# tests took minutes of both cores.
 COMMON = ("option.rolling_batch=torch", "option.dtype=fp32", "option.quantize=none",
-          "option.max_model_len=1024", "option.embedding_model_id=none")
+          "option.max_model_len=1024", "option.embedding_model_id=none",
+          "option.enforce_eager=true")
 # An input-grounded request: the answer copies the prompt's text.
 TEXT = ("The quarterly report shows revenue of 4.2 million dollars, up 12 percent from last "
         "year, driven by strong sales in the northern region and lower shipping costs.")
