@@ -59,9 +59,6 @@ class Checkpoint:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
-    def dtypes(self) -> set[torch.dtype]:
-        return {entry.dtype for entry in self.entries.values()}
-
     def read(self, names: list[str], dtype: torch.dtype) -> torch.Tensor:
         """Tensors `names` in `dtype`, joined along their first dimension (one name: that
         tensor): read into the buffer where the file has that dtype, else converted a chunk of
